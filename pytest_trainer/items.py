@@ -1,0 +1,59 @@
+"""The collector of a `--trainer-module` script and its stage items, which are real `pytest.Function`s."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pytest_trainer.diagnosis import PipelineFailure
+from pytest_trainer.loading import ScriptError
+from pytest_trainer.plan import Step, plan
+
+#: Frames of these modules say nothing about the user's pipeline; they are left out of reports.
+_PLUMBING = ("pytest_trainer", "_pytest", "pluggy", "runpy.py")
+
+
+class TrainerScript(pytest.File):
+    """A training script given with --trainer-module: one item per stage and device, never imported as tests."""
+
+    def collect(self) -> Iterator[StageItem]:
+        from pytest_trainer.plugin import session_of
+
+        settings = session_of(self.config).settings
+        for step in plan(settings.stages, settings.devices):
+            yield StageItem.from_parent(self, name=step.name, callobj=check_stage, step=step)
+
+
+def check_stage(trainer_stage: Any) -> None:
+    """Run this item's stage; the `trainer_stage` fixture knows which one."""
+    __tracebackhide__ = True
+    trainer_stage.run()
+
+
+class StageItem(pytest.Function):
+    """`train.py::forward[cpu]`: a stage of a script's pipeline on a device, reported in plain words."""
+
+    def __init__(self, *, step: Step, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.step = step
+
+    def reportinfo(self) -> tuple[Any, int, str]:
+        return self.path, 0, f"{self.step.name} of {self.path.name}"
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        error = excinfo.value
+        if not isinstance(error, (PipelineFailure, ScriptError)):
+            return super().repr_failure(excinfo, style)
+        text = f"{self.step.name} failed: {error.render()}"
+        if error.__cause__ is not None:
+            text += "\n\noriginal error:\n" + original_error(error.__cause__)
+        return text
+
+
+def original_error(error: BaseException) -> str:
+    """The library's own exception, short, with the plumbing frames left out."""
+    info = pytest.ExceptionInfo.from_exception(error)
+    info.traceback = info.traceback.filter(lambda entry: not any(part in str(entry.path) for part in _PLUMBING))
+    return str(info.getrepr(style="short", chain=False))

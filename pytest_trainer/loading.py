@@ -1,0 +1,264 @@
+"""Run a user's training script up to `trainer.train()` and keep the Trainer it built.
+
+The script runs as `python train.py` would run it (as `__main__`, its folder on `sys.path`, its own
+`sys.argv`), but nothing is trained and nothing is written where the user would see it: output
+goes to a temporary folder, reporting integrations and the hub are off, and the process state the
+script changed (working directory, argv, path, environment, random state, logging levels, warning
+filters) is put back afterwards.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import logging
+import os
+import random
+import runpy
+import sys
+import traceback
+import types
+import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from unittest import mock
+
+if TYPE_CHECKING:
+    from transformers import Trainer
+
+#: Trainer methods that start real work; the first call stops the script.
+STOP_METHODS = ("train", "evaluate", "predict", "hyperparameter_search")
+
+
+class ScriptError(Exception):
+    """The script gave no Trainer; says why, where, and what to do."""
+
+    def __init__(self, script: Path, cause: str, fix: str, where: str | None = None) -> None:
+        self.script, self.cause, self.fix, self.where = script, cause, fix, where
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        where = f"\n  at {self.where}" if self.where else ""
+        return f"{self.script.name}: {self.cause}{where}\n  fix: {self.fix}"
+
+
+class _StopScript(BaseException):
+    """Raised from `trainer.train()`; a BaseException so a script's `except Exception` lets it through."""
+
+
+class _Capture:
+    """Which Trainers the script built and which one it asked to train."""
+
+    def __init__(self) -> None:
+        self.built: list[Trainer] = []
+        self.started: Trainer | None = None
+
+    @property
+    def trainer(self) -> Trainer | None:
+        return self.started or (self.built[-1] if self.built else None)
+
+
+def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, output_dir: Path) -> Trainer:
+    """Run `script` (or call its `factory`) and return its Trainer, with all output sent to `output_dir`."""
+    if not script.is_file():
+        raise ScriptError(
+            script, f"{script} does not exist", "check the path given to --trainer-module or trainer_module"
+        )
+    capture = _Capture()
+    output = _Tail()
+    with _process_state_restored(script, script_args), _sandboxed_transformers(output_dir, capture), output:
+        try:
+            if factory:
+                _call_factory(script, factory, capture)
+            else:
+                runpy.run_path(str(script), run_name="__main__")
+        except _StopScript:
+            pass
+        except SystemExit as exit:
+            raise _exit_error(script, exit, output.lines()) from None
+        except SyntaxError as error:
+            where = f"{error.filename}:{error.lineno}" if error.filename else None
+            raise ScriptError(script, f"syntax error: {error.msg}", "fix the syntax of the script", where) from error
+        except ImportError as error:
+            raise ScriptError(
+                script,
+                f"import failed: {error}",
+                f"install the missing package in the test environment ({error.name or 'see below'}) "
+                "or fix the import",
+                _script_frame(script, error),
+            ) from error
+        except Exception as error:
+            raise ScriptError(
+                script,
+                f"the script raised {type(error).__name__}: {error}",
+                "fix the script so that `python " + script.name + "` gets as far as trainer.train()",
+                _script_frame(script, error),
+            ) from error
+    trainer = capture.trainer
+    if trainer is None:
+        raise ScriptError(
+            script,
+            "the script finished without building a transformers.Trainer",
+            "build a Trainer at the top level or in a main() under `if __name__ == \"__main__\":`, "
+            "or name a function that returns one with --trainer-factory=NAME",
+        )
+    for name in STOP_METHODS:
+        trainer.__dict__.pop(name, None)
+    return trainer
+
+
+def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
+    from transformers import Trainer
+
+    namespace = runpy.run_path(str(script), run_name=script.stem)
+    function = namespace.get(factory)
+    if not callable(function):
+        found = sorted(name for name, value in namespace.items() if isinstance(value, types.FunctionType))
+        raise ScriptError(
+            script,
+            f"no function {factory!r} in the script",
+            f"--trainer-factory names one of its functions: {', '.join(found) or 'it defines none'}",
+        )
+    made = function()
+    if not isinstance(made, Trainer):
+        raise ScriptError(
+            script,
+            f"{factory}() returned {type(made).__name__}, not a transformers.Trainer",
+            f"make {factory}() return the Trainer it builds",
+        )
+    capture.started = made
+
+
+def _exit_error(script: Path, exit: SystemExit, last_lines: list[str]) -> ScriptError:
+    output = "\n".join(f"    | {line}" for line in last_lines) or "    (no output)"
+    if exit.code == 2 and any("usage:" in line or "error:" in line for line in last_lines):
+        fix = (
+            "the script's argument parser rejected its arguments: give them with "
+            '--trainer-args="--name value ..." (or the trainer_args ini key)'
+        )
+    else:
+        fix = "let the script reach trainer.train() without exiting, or use --trainer-factory=NAME"
+    return ScriptError(
+        script, f"the script exited (sys.exit with code {exit.code!r}) before building a Trainer;"
+        f" its last output:\n{output}", fix
+    )
+
+
+def _script_frame(script: Path, error: BaseException) -> str | None:
+    """`path:line: code` of the deepest frame of the script itself, where the user should look."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if Path(frame.filename) == script]
+    if not frames:
+        return None
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+
+
+@contextmanager
+def _sandboxed_transformers(output_dir: Path, capture: _Capture) -> Iterator[None]:
+    """Point every TrainingArguments at `output_dir`, record each Trainer, stop at the first train()."""
+    from transformers import Trainer, TrainingArguments
+
+    original_post_init = TrainingArguments.__post_init__
+    original_init = Trainer.__init__
+
+    def post_init(self: Any) -> None:
+        original_post_init(self)
+        sandbox_arguments(self, output_dir)
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        arguments = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if arguments is not None:  # the script may have changed them after they were built
+            sandbox_arguments(arguments, output_dir)
+        original_init(self, *args, **kwargs)
+        capture.built.append(self)
+        for name in STOP_METHODS:  # also stops subclasses that override train() without super()
+            setattr(self, name, types.MethodType(stop, self))
+
+    def stop(self: Any, *args: Any, **kwargs: Any) -> None:
+        capture.started = self
+        raise _StopScript
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(TrainingArguments, "__post_init__", post_init))
+        stack.enter_context(mock.patch.object(Trainer, "__init__", init))
+        for name in STOP_METHODS:
+            stack.enter_context(mock.patch.object(Trainer, name, stop))
+        yield
+
+
+def sandbox_arguments(args: Any, output_dir: Path) -> None:
+    """Make training arguments harmless: no user folder, no reporting, no hub, no worker processes."""
+    args.output_dir = str(output_dir)
+    if hasattr(args, "logging_dir"):
+        args.logging_dir = str(output_dir / "logs")
+    args.report_to = []
+    args.push_to_hub = False
+    args.dataloader_num_workers = 0
+    args.dataloader_persistent_workers = False
+    args.dataloader_pin_memory = False
+
+
+@contextmanager
+def _process_state_restored(script: Path, script_args: tuple[str, ...]) -> Iterator[None]:
+    """Give the script the process `python script` would, and take back everything it changed."""
+    import numpy
+    import torch
+
+    saved_cwd, saved_argv, saved_path = os.getcwd(), sys.argv[:], sys.path[:]
+    saved_environ = os.environ.copy()
+    saved_random = (random.getstate(), numpy.random.get_state(), torch.random.get_rng_state())
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    saved_levels = [(logger, logger.level) for logger in loggers]
+    sys.argv = [str(script), *script_args]
+    sys.path.insert(0, str(script.parent))
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        os.chdir(saved_cwd)
+        sys.argv[:], sys.path[:] = saved_argv, saved_path
+        os.environ.clear()
+        os.environ.update(saved_environ)
+        random.setstate(saved_random[0])
+        numpy.random.set_state(saved_random[1])
+        torch.random.set_rng_state(saved_random[2])
+        for logger, level in saved_levels:
+            logger.setLevel(level)
+
+
+class _Tail:
+    """Pass the script's stdout and stderr through, keeping the last lines for error messages."""
+
+    def __init__(self, keep: int = 15) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._streams: list[Any] = []
+
+    def lines(self) -> list[str]:
+        return list(self._lines)
+
+    def __enter__(self) -> _Tail:
+        self._streams = [sys.stdout, sys.stderr]
+        sys.stdout, sys.stderr = _TeeStream(sys.stdout, self._lines), _TeeStream(sys.stderr, self._lines)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        sys.stdout, sys.stderr = self._streams
+
+
+class _TeeStream(io.TextIOBase):
+    def __init__(self, stream: Any, lines: collections.deque[str]) -> None:
+        self._stream, self._lines = stream, lines
+
+    def write(self, text: str) -> int:
+        self._lines.extend(line for line in text.splitlines() if line.strip())
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

@@ -1,0 +1,65 @@
+"""What the model can accept: head width, vocabulary rows, position limit, its inputs and labels.
+
+Read from the model itself (its config, its embeddings, its forward signature), so the checks
+speak of the model the script actually built.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+_CLASSIFIER_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification")
+
+
+def base_model(model: Any) -> Any:
+    """The model under a PEFT or similar wrapper, whose config and class tell the task."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def is_token_classifier(model: Any) -> bool:
+    return type(base_model(model)).__name__.endswith("ForTokenClassification")
+
+
+def class_count(model: Any) -> int | None:
+    """Width of a single-label classification head, or None when the model is not one."""
+    model = base_model(model)
+    config = getattr(model, "config", None)
+    if config is None or not type(model).__name__.endswith(_CLASSIFIER_SUFFIXES):
+        return None
+    if getattr(config, "problem_type", None) in ("regression", "multi_label_classification"):
+        return None
+    count = getattr(config, "num_labels", None)
+    return count if isinstance(count, int) and count > 1 else None
+
+
+def vocabulary_rows(model: Any) -> int | None:
+    """Rows of the input embedding: every token id must be below this."""
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
+    return getattr(embeddings, "num_embeddings", None)
+
+
+def position_limit(model: Any) -> int | None:
+    """Longest sequence a model with learned absolute positions can take, else None (no hard limit)."""
+    import torch
+
+    config = getattr(base_model(model), "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not isinstance(limit, int):
+        return None
+    has_table = any(
+        isinstance(module, torch.nn.Embedding) and module.num_embeddings in (limit, limit + 2)
+        for name, module in model.named_modules()
+        if "position" in name or name.endswith("wpe")
+    )
+    return limit if has_table else None
+
+
+def main_input(model: Any) -> str:
+    return getattr(base_model(model), "main_input_name", "input_ids")
+
+
+def forward_parameters(model: Any) -> set[str]:
+    return set(inspect.signature(base_model(model).forward).parameters)

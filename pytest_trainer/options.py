@@ -1,0 +1,103 @@
+"""Every option, ini key and marker of the plugin, registered and resolved in one place.
+
+A setting comes from the command line, else from the ini file, else from its default; a bad value
+is reported with where it came from, so the user knows which line to fix.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pytest_trainer.plan import DEVICES, STAGES
+
+MODULE_HELP = (
+    "training script whose Trainer is tested stage by stage (repeatable). "
+    "The script runs as __main__ and stops where it calls trainer.train()."
+)
+ARGS_HELP = "command-line arguments given to the script, as one shell-quoted string (its sys.argv[1:])."
+FACTORY_HELP = (
+    "name of a function in the script that returns a Trainer; it is called instead of running "
+    "the script as __main__."
+)
+STAGES_HELP = f"comma-separated stages to run (default: all of {', '.join(STAGES)})."
+DEVICES_HELP = f"comma-separated devices to run on (default: {', '.join(DEVICES)})."
+MARKER_LINE = (
+    "trainer_pipeline(module=None, stages=None, devices=None, factory=None): run the test once per "
+    "pipeline stage and device of a Trainer, given through the trainer_stage fixture. Without "
+    "module=, the Trainer comes from a `trainer` fixture you define."
+)
+
+
+def register(parser: pytest.Parser) -> None:
+    group = parser.getgroup("trainer", "pytest-trainer: pipeline tests for Hugging Face training scripts")
+    group.addoption("--trainer-module", action="append", default=[], metavar="PATH", help=MODULE_HELP)
+    group.addoption("--trainer-args", metavar="ARGS", help=ARGS_HELP)
+    group.addoption("--trainer-factory", metavar="NAME", help=FACTORY_HELP)
+    group.addoption("--trainer-stages", metavar="STAGES", help=STAGES_HELP)
+    group.addoption("--trainer-devices", metavar="DEVICES", help=DEVICES_HELP)
+    parser.addini("trainer_module", type="paths", default=[], help=MODULE_HELP)
+    parser.addini("trainer_args", type="string", default="", help=ARGS_HELP)
+    parser.addini("trainer_factory", type="string", default="", help=FACTORY_HELP)
+    parser.addini("trainer_stages", type="string", default="", help=STAGES_HELP)
+    parser.addini("trainer_devices", type="string", default="", help=DEVICES_HELP)
+
+
+@dataclass(frozen=True)
+class Settings:
+    modules: tuple[Path, ...]
+    script_args: tuple[str, ...]
+    factory: str | None
+    stages: tuple[str, ...]
+    devices: tuple[str, ...]
+
+
+def resolve(config: pytest.Config) -> Settings:
+    """Read every setting once, command line over ini file over default."""
+    invocation_dir = config.invocation_params.dir
+    cli_modules = [invocation_dir / path for path in config.getoption("trainer_module")]
+    modules = cli_modules or list(config.getini("trainer_module"))
+    args, args_source = _pick(config, "trainer_args")
+    try:
+        script_args = tuple(shlex.split(args or ""))
+    except ValueError as error:
+        raise pytest.UsageError(f"{args_source}: cannot split {args!r} into arguments: {error}") from None
+    factory, _ = _pick(config, "trainer_factory")
+    return Settings(
+        modules=tuple(dict.fromkeys(Path(path).resolve() for path in modules)),
+        script_args=script_args,
+        factory=factory or None,
+        stages=_choices(config, "trainer_stages", STAGES),
+        devices=_choices(config, "trainer_devices", DEVICES),
+    )
+
+
+def _pick(config: pytest.Config, name: str) -> tuple[str | None, str]:
+    """The raw value of a setting and a phrase saying where it came from."""
+    value = config.getoption(name)
+    if value is not None:
+        return value, f"--{name.replace('_', '-')} on the command line"
+    ini_value = config.getini(name)
+    return (ini_value or None), f"{name} in {config.inipath or 'the ini file'}"
+
+
+def _choices(config: pytest.Config, name: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    raw, source = _pick(config, name)
+    if not raw:
+        return allowed
+    return parse_choices(raw, allowed, source)
+
+
+def parse_choices(raw: str | list[str] | tuple[str, ...], allowed: tuple[str, ...], source: str) -> tuple[str, ...]:
+    """Split a comma-separated list and check each name; keep the canonical order."""
+    names = raw.split(",") if isinstance(raw, str) else list(raw)
+    chosen = {name.strip() for name in names if name.strip()}
+    unknown = sorted(chosen - set(allowed))
+    if unknown:
+        raise pytest.UsageError(
+            f"{source}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}"
+        )
+    return tuple(name for name in allowed if name in chosen)

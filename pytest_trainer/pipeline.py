@@ -1,0 +1,188 @@
+"""One Trainer as the stages see it in this process.
+
+The script runs once; every stage reuses what it built. The pipeline keeps the training and
+evaluation splits as the Trainer feeds them, one fixed batch, the model's place on each device,
+and puts back any weights or optimizer state a stage changes, so stages never leak into each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pytest_trainer import diagnosis, model_facts, tables
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import torch
+    from transformers import Trainer
+
+#: Rows read from a dataset that is not Arrow-backed (a torch Dataset of dicts, say), which is read row by row.
+PYTHON_ROWS_LIMIT = 10_000
+#: Seed of the sampler that draws the fixed batch, so every stage and every run sees the same rows.
+BATCH_SEED = 0
+
+
+class Pipeline:
+    def __init__(self, trainer: Trainer, name: str) -> None:
+        self.trainer = trainer
+        self.name = name
+        self._tables: dict[str, pa.Table] = {}
+        self._batch: dict[str, Any] | None = None
+        self._cpu_replica: torch.nn.Module | None = None
+
+    # ---- data -----------------------------------------------------------------------------
+
+    def splits(self) -> list[tuple[str, Any]]:
+        """(description, dataset) of the training split and of every evaluation split."""
+        found = [("training", self.trainer.train_dataset)] if self.trainer.train_dataset is not None else []
+        evaluation = self.trainer.eval_dataset
+        if isinstance(evaluation, dict):
+            found += [(f"evaluation {name!r}", split) for name, split in evaluation.items()]
+        elif evaluation is not None:
+            found.append(("evaluation", evaluation))
+        return found
+
+    def fed(self, dataset: Any, description: str) -> Any:
+        """The split with the columns the Trainer drops already dropped, as its dataloader will see it."""
+        import datasets
+
+        if isinstance(dataset, datasets.Dataset):
+            return self.trainer._remove_unused_columns(dataset, description=description)
+        return dataset
+
+    def table(self, description: str, dataset: Any) -> pa.Table:
+        """The fed split as an Arrow table, read once."""
+        if description not in self._tables:
+            self._tables[description] = tables.as_table(self.fed(dataset, description), PYTHON_ROWS_LIMIT)
+        return self._tables[description]
+
+    def label_column(self, table: pa.Table) -> str | None:
+        names = [*(getattr(self.trainer, "label_names", None) or ["labels"]), "label", "label_ids"]
+        return next((name for name in names if name in table.column_names), None)
+
+    def first_batch(self) -> dict[str, Any]:
+        """The first batch of the Trainer's own train dataloader, drawn with a fixed seed, on the CPU."""
+        import torch
+
+        if self._batch is None:
+            loader = self.trainer.get_train_dataloader()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(BATCH_SEED)
+                try:
+                    batch = next(iter(loader))
+                except (ValueError, TypeError, RuntimeError) as error:
+                    raise (self.padding_problem() or error) from error
+            self._batch = {key: value.cpu() if torch.is_tensor(value) else value for key, value in batch.items()}
+        return self._batch
+
+    def batch_on(self, device: str) -> dict[str, Any]:
+        import torch
+
+        return {
+            key: value.to(device) if torch.is_tensor(value) else value for key, value in self.first_batch().items()
+        }
+
+    # ---- model ----------------------------------------------------------------------------
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainer.model
+
+    def model_on(self, device: str) -> torch.nn.Module:
+        """The model on `device`, moved once; a CPU copy is kept before it goes to CUDA, to replay failures."""
+        if device == "cpu" and self._cpu_replica is not None:
+            return self._cpu_replica
+        if device != "cpu" and self._cpu_replica is None:
+            self._cpu_replica = copy.deepcopy(self.model).to("cpu")
+        return self.model.to(device)
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The Trainer's own loss (its compute_loss, subclasses included) and the model's outputs."""
+        with self.trainer.compute_loss_context_manager():
+            result = self.trainer.compute_loss(model, dict(batch), return_outputs=True)
+        loss, outputs = result if isinstance(result, tuple) else (result, None)
+        return loss, outputs
+
+    @contextmanager
+    def weights_kept(self, model: torch.nn.Module) -> Iterator[None]:
+        """Run a block that trains `model`, then put its weights, buffers and mode back and drop its gradients."""
+        saved = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+        was_training = model.training
+        try:
+            yield
+        finally:
+            model.load_state_dict(saved)
+            model.zero_grad(set_to_none=True)
+            model.train(was_training)
+
+    @contextmanager
+    def trainer_optimizer(self, model: torch.nn.Module) -> Iterator[tuple[Any, Any]]:
+        """The Trainer's own optimizer and scheduler for `model`; the Trainer's state is put back afterwards."""
+        trainer = self.trainer
+        saved = (trainer.model, trainer.optimizer, trainer.lr_scheduler)
+        given_state = copy.deepcopy(trainer.optimizer.state_dict()) if trainer.optimizer is not None else None
+        trainer.model = model
+        try:
+            trainer.create_optimizer_and_scheduler(num_training_steps=self.planned_steps())
+            yield trainer.optimizer, trainer.lr_scheduler
+        finally:
+            trainer.model, trainer.optimizer, trainer.lr_scheduler = saved
+            if given_state is not None:
+                trainer.optimizer.load_state_dict(given_state)
+
+    def planned_steps(self) -> int:
+        """Optimizer steps the script would train for, which shapes the learning-rate schedule."""
+        args = self.trainer.args
+        if args.max_steps > 0:
+            return int(args.max_steps)
+        try:
+            batches = math.ceil(len(self.trainer.train_dataset) / args.train_batch_size)
+        except TypeError:
+            return 1000
+        return max(1, math.ceil(batches / args.gradient_accumulation_steps * args.num_train_epochs))
+
+    # ---- explanations for errors the libraries raise -----------------------------------------
+
+    def label_problem(self) -> diagnosis.PipelineFailure | None:
+        """Why labels crash the loss, read from the whole training split."""
+        from pytest_trainer.stages import dataset
+
+        return _first_failure(lambda: self._each_training_table(dataset.check_labels))
+
+    def token_problem(self) -> diagnosis.PipelineFailure | None:
+        """Why an embedding lookup is out of range: a token id or a position too large."""
+        from pytest_trainer.stages import dataset
+
+        return _first_failure(lambda: self._each_training_table(dataset.check_tokens))
+
+    def padding_problem(self) -> diagnosis.PipelineFailure | None:
+        """Samples of different lengths that nothing pads, named with the lengths of the first rows."""
+        if self.trainer.train_dataset is None:
+            return None
+        table = self.table("training", self.trainer.train_dataset)
+        first_rows = table.slice(0, max(2, self.trainer.args.train_batch_size))
+        for column in first_rows.column_names:
+            if not tables.is_numeric(first_rows.schema.field(column).type):
+                continue
+            counts, _ = tables.lengths(first_rows, column)
+            if counts.size and np.unique(counts).size > 1:
+                return diagnosis.unpadded(column, counts.tolist(), self.trainer)
+        return None
+
+    def _each_training_table(self, check: Any) -> None:
+        if self.trainer.train_dataset is not None:
+            check(self, "training", self.table("training", self.trainer.train_dataset))
+
+
+def _first_failure(action: Any) -> diagnosis.PipelineFailure | None:
+    try:
+        action()
+    except diagnosis.PipelineFailure as failure:
+        return failure
+    return None

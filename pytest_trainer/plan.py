@@ -1,0 +1,55 @@
+"""The ordered plan of pipeline items: which stage runs on which device, and in what order.
+
+Pure and cheap (no torch import), so collection is fast and identical on every xdist worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+#: The stages in pipeline order: a stage only makes sense once the ones before it work.
+STAGES: tuple[str, ...] = ("dataset", "collate", "forward", "backward", "step")
+#: Devices in run order: every CPU item runs before any CUDA item, so a CUDA crash cannot hide a CPU result.
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One item of the plan: a stage of one pipeline on one device."""
+
+    stage: str
+    device: str
+
+    @property
+    def name(self) -> str:
+        """Item name in `--trainer-module` mode: `forward[cpu]`."""
+        return f"{self.stage}[{self.device}]"
+
+    @property
+    def marker_id(self) -> str:
+        """Parametrization id in marker mode: `forward-cpu`."""
+        return f"{self.stage}-{self.device}"
+
+
+def plan(stages: Iterable[str], devices: Iterable[str]) -> list[Step]:
+    """Steps device by device, stages in pipeline order within a device."""
+    stage_set, device_set = set(stages), set(devices)
+    return [Step(stage, device) for device in DEVICES if device in device_set for stage in STAGES if stage in stage_set]
+
+
+T = TypeVar("T")
+
+
+def cpu_first(items: list[T], step_of: dict[int, Step]) -> list[T]:
+    """Move the pipeline items so every CPU one comes before any CUDA one, leaving other items in place.
+
+    `step_of` maps `id(item)` to its step for the pipeline items only.
+    """
+    slots = [index for index, item in enumerate(items) if id(item) in step_of]
+    ordered = sorted((items[index] for index in slots), key=lambda item: DEVICES.index(step_of[id(item)].device))
+    result = list(items)
+    for index, item in zip(slots, ordered):
+        result[index] = item
+    return result

@@ -1,0 +1,205 @@
+"""pytest hooks and fixtures of pytest-trainer. Each is a few lines; the work is in the modules they call."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Generator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_trainer import devices, options
+from pytest_trainer.items import StageItem, TrainerScript
+from pytest_trainer.loading import ScriptError
+from pytest_trainer.plan import DEVICES, STAGES, Step, cpu_first
+from pytest_trainer.session import ALL_DEVICES, TrainerSession
+
+if TYPE_CHECKING:
+    from transformers import Trainer
+
+    from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.stages import TrainerStage
+
+_SESSION = pytest.StashKey[TrainerSession]()
+MARKER = "trainer_pipeline"
+
+
+def session_of(config: pytest.Config) -> TrainerSession:
+    return config.stash[_SESSION]
+
+
+# ---- configuration and collection ---------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.register(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", options.MARKER_LINE)
+    settings = options.resolve(config)
+    config.stash[_SESSION] = TrainerSession(settings)
+    for script in settings.modules:
+        if not script.is_file():
+            raise pytest.UsageError(f"--trainer-module / trainer_module: {script} does not exist")
+        if all(Path(arg.split("::")[0]).resolve() != script for arg in config.args):
+            config.args.append(str(script))  # so it is collected even outside the folders pytest walks
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION in config.stash:
+        session_of(config).close()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    settings = session_of(config).settings
+    if not settings.modules:
+        return []
+    return [
+        f"trainer: {', '.join(path.name for path in settings.modules)}; "
+        f"stages: {','.join(settings.stages)}; devices: {','.join(settings.devices)}"
+    ]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Generator[None, Any, Any]:
+    collected = yield
+    if file_path.resolve() in session_of(parent.config).settings.modules:
+        # The script is ours alone: no other collector may import it as a test module.
+        return [TrainerScript.from_parent(parent, path=file_path)]
+    return collected
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    if "_trainer_step" not in metafunc.fixturenames:
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: a test marked {MARKER} must take the trainer_stage fixture "
+            "(or train_batch / pipeline_device)"
+        )
+    settings = session_of(metafunc.config).settings
+    source = f"{MARKER} marker of {metafunc.definition.nodeid}"
+    stages = options.parse_choices(marker.kwargs.get("stages") or STAGES, STAGES, source)
+    on = options.parse_choices(marker.kwargs.get("devices") or DEVICES, DEVICES, source)
+    steps = [Step(stage, device) for device in on if device in settings.devices
+             for stage in stages if stage in settings.stages]
+    metafunc.parametrize("_trainer_step", steps, ids=[step.marker_id for step in steps], indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    steps = {id(item): step for item in items if (step := _step_of(item)) is not None}
+    items[:] = cpu_first(items, steps)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    step = _step_of(item)
+    if step is not None and report.failed and report.when == "call":
+        session = session_of(item.config)
+        if call.excinfo is not None and call.excinfo.errisinstance(ScriptError):
+            session.block(_pipeline_key(item), ALL_DEVICES, f"not run: the Trainer did not load (see {step.name})")
+        else:
+            session.block(_pipeline_key(item), step.device, f"blocked by {step.name}")
+    return report
+
+
+# ---- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def _trainer_step(request: pytest.FixtureRequest) -> Step:
+    step = getattr(request, "param", None) or getattr(request.node, "step", None)
+    if not isinstance(step, Step):
+        pytest.fail(f"{request.node.nodeid}: pipeline fixtures need @pytest.mark.{MARKER}", pytrace=False)
+    return step
+
+
+@pytest.fixture
+def pipeline_device(_trainer_step: Step) -> str:
+    """The device of this pipeline item, "cpu" or "cuda"; the test is skipped where it cannot run."""
+    reason = devices.unavailable_reason(_trainer_step.device)
+    if reason:
+        pytest.skip(reason)
+    return _trainer_step.device
+
+
+@pytest.fixture
+def trainer(request: pytest.FixtureRequest) -> Trainer:
+    """The Trainer under test. Define your own `trainer` fixture to test a Trainer you build."""
+    if not _script_of(request.node):
+        pytest.fail(
+            f"{request.node.nodeid}: no Trainer to test. Define a `trainer` fixture in conftest.py that "
+            f"returns one, or give the marker the script: @pytest.mark.{MARKER}(module='train.py')",
+            pytrace=False,
+        )
+    return _pipeline(request).trainer
+
+
+@pytest.fixture
+def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_device: str) -> TrainerStage:
+    """This item's pipeline stage on its device; `.run()` checks it and returns a StageResult."""
+    from pytest_trainer.stages import TrainerStage
+
+    session = session_of(request.config)
+    reason = session.blocker(_pipeline_key(request.node), pipeline_device)
+    if reason:
+        pytest.skip(reason)
+    return TrainerStage(
+        lambda: _pipeline(request),
+        _trainer_step.stage,
+        pipeline_device,
+        seed=zlib.crc32(request.node.nodeid.encode()),
+        on_cuda_broken=lambda why: setattr(session, "cuda_broken", why),
+    )
+
+
+@pytest.fixture
+def train_batch(trainer_stage: TrainerStage) -> dict[str, Any]:
+    """The first batch of the Trainer's train dataloader (fixed seed), on this item's device."""
+    return trainer_stage.pipeline.batch_on(trainer_stage.device)
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def _step_of(item: pytest.Item) -> Step | None:
+    if isinstance(item, StageItem):
+        return item.step
+    callspec = getattr(item, "callspec", None)
+    step = callspec.params.get("_trainer_step") if callspec is not None else None
+    return step if isinstance(step, Step) else None
+
+
+def _pipeline_key(item: pytest.Item) -> str:
+    """What a failure blocks: a script's stages, or a marked test's own parametrizations."""
+    if isinstance(item, StageItem):
+        return str(item.path)
+    return f"{item.parent.nodeid if item.parent else ''}::{getattr(item, 'originalname', item.name)}"
+
+
+def _script_of(node: Any) -> tuple[Path, str | None] | None:
+    """The script and factory that give this item its Trainer, or None when a `trainer` fixture does."""
+    settings = session_of(node.config).settings
+    if isinstance(node, StageItem):
+        return node.path, settings.factory
+    marker = node.get_closest_marker(MARKER)
+    module = marker.kwargs.get("module") if marker else None
+    if not module:
+        return None
+    path = Path(module)
+    if not path.is_absolute():
+        beside_test = node.path.parent / path
+        path = beside_test if beside_test.exists() else node.config.rootpath / path
+    return path.resolve(), marker.kwargs.get("factory")
+
+
+def _pipeline(request: pytest.FixtureRequest) -> Pipeline:
+    session = session_of(request.config)
+    script = _script_of(request.node)
+    if script is not None:
+        return session.script_pipeline(*script)
+    return session.fixture_pipeline(request.getfixturevalue("trainer"), request.node.nodeid)

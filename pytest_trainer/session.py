@@ -1,0 +1,65 @@
+"""State of one pytest process: the pipelines it loaded, the failures that block later stages, CUDA's health."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer.loading import ScriptError, load_trainer
+
+if TYPE_CHECKING:
+    from pytest_trainer.options import Settings
+    from pytest_trainer.pipeline import Pipeline
+
+#: Blocks every device of a pipeline, when the Trainer itself could not be had.
+ALL_DEVICES = "*"
+
+
+class TrainerSession:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._scripts: dict[Path, Pipeline | ScriptError] = {}
+        self._fixture_pipelines: dict[int, tuple[Any, Pipeline]] = {}
+        self._blocked: dict[tuple[str, str], str] = {}
+        self.cuda_broken: str | None = None
+        self._output = tempfile.TemporaryDirectory(prefix="pytest-trainer-")
+
+    def script_pipeline(self, script: Path, factory: str | None) -> Pipeline:
+        """The pipeline of a script, which runs once per process however many items use it."""
+        if script not in self._scripts:
+            output_dir = Path(self._output.name) / f"{len(self._scripts)}-{script.stem}"
+            try:
+                trainer = load_trainer(script, self.settings.script_args, factory, output_dir)
+            except ScriptError as error:
+                self._scripts[script] = error
+            else:
+                from pytest_trainer.pipeline import Pipeline
+
+                self._scripts[script] = Pipeline(trainer, script.name)
+        loaded = self._scripts[script]
+        if isinstance(loaded, ScriptError):
+            raise loaded
+        return loaded
+
+    def fixture_pipeline(self, trainer: Any, name: str) -> Pipeline:
+        """The pipeline of a Trainer made by a `trainer` fixture; kept per Trainer object."""
+        known = self._fixture_pipelines.get(id(trainer))
+        if known is None or known[0] is not trainer:
+            from pytest_trainer.pipeline import Pipeline
+
+            known = (trainer, Pipeline(trainer, name))
+            self._fixture_pipelines[id(trainer)] = known
+        return known[1]
+
+    def blocker(self, key: str, device: str) -> str | None:
+        """Why a stage of this pipeline on this device should not run, or None."""
+        if device == "cuda" and self.cuda_broken:
+            return f"the CUDA context is unusable after {self.cuda_broken}"
+        return self._blocked.get((key, ALL_DEVICES)) or self._blocked.get((key, device))
+
+    def block(self, key: str, device: str, reason: str) -> None:
+        self._blocked.setdefault((key, device), reason)
+
+    def close(self) -> None:
+        self._output.cleanup()

@@ -1,0 +1,103 @@
+"""The pipeline stages, one module each, and `TrainerStage`, which runs one of them on one device."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import devices, diagnosis
+
+if TYPE_CHECKING:
+    from pytest_trainer.pipeline import Pipeline
+
+
+@dataclass
+class StageResult:
+    """What a stage produced, for the user's own assertions and for the report."""
+
+    stage: str
+    device: str
+    batch: dict[str, Any] | None = None
+    outputs: Any = None
+    loss: float | None = None
+    gradients: dict[str, Any] | None = None
+    figures: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+Check = Callable[["Pipeline", str], StageResult]
+
+
+def _checks() -> dict[str, Check]:
+    from pytest_trainer.stages import backward, collate, dataset, forward, step
+
+    return {"dataset": dataset.run, "collate": collate.run, "forward": forward.run, "backward": backward.run,
+            "step": step.run}
+
+
+class TrainerStage:
+    """One stage of one Trainer's pipeline on one device; `run()` checks it and returns what it produced."""
+
+    def __init__(
+        self,
+        load: Callable[[], Pipeline],
+        stage: str,
+        device: str,
+        seed: int,
+        on_cuda_broken: Callable[[str], None],
+    ) -> None:
+        self._load, self.stage, self.device, self.seed = load, stage, device, seed
+        self._on_cuda_broken = on_cuda_broken
+
+    @functools.cached_property
+    def pipeline(self) -> Pipeline:
+        """The pipeline under test, loaded on first use (its script runs once per process)."""
+        return self._load()
+
+    @property
+    def trainer(self) -> Any:
+        return self.pipeline.trainer
+
+    def run(self) -> StageResult:
+        """Check the stage; raise PipelineFailure with cause and fix, or return what it produced."""
+        __tracebackhide__ = True
+        import torch
+
+        pipeline = self.pipeline
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            if self.device != "cuda":
+                return _explained(_checks()[self.stage], pipeline, self.device)
+            return self._run_on_cuda(pipeline)
+
+    def _run_on_cuda(self, pipeline: Pipeline) -> StageResult:
+        __tracebackhide__ = True
+        check = _checks()[self.stage]
+        try:
+            return check(pipeline, self.device)
+        except Exception as cuda_error:
+            # GPU errors surface late and point at the wrong line: the CPU tells what really failed.
+            if devices.context_is_broken(cuda_error):
+                self._on_cuda_broken(f"a device-side assert in {self.stage}[cuda] of {pipeline.name}")
+            try:
+                _explained(check, pipeline, "cpu")
+            except diagnosis.PipelineFailure as failure:
+                raise diagnosis.PipelineFailure(
+                    failure.cause, failure.fix, [*failure.details, "(found by replaying the failed CUDA step on the CPU)"]
+                ) from (failure.__cause__ or cuda_error)
+            raise diagnosis.explain(cuda_error, pipeline) or cuda_error
+
+
+def _explained(check: Check, pipeline: Pipeline, device: str) -> StageResult:
+    __tracebackhide__ = True
+    try:
+        return check(pipeline, device)
+    except diagnosis.PipelineFailure:
+        raise
+    except Exception as error:
+        failure = diagnosis.explain(error, pipeline)
+        if failure is None:
+            raise
+        raise failure from error

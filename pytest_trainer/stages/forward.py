@@ -1,0 +1,60 @@
+"""`forward`: the model on the device takes the batch and returns a finite scalar loss."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.stages import StageResult
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_trainer.pipeline import Pipeline
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    import torch
+
+    model = pipeline.model_on(device)
+    batch = pipeline.batch_on(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            loss, outputs = pipeline.loss(model, batch)
+    finally:
+        model.train(was_training)
+    value = checked_loss(loss)
+    result = StageResult("forward", device, batch=batch, outputs=outputs, loss=value, figures={"loss_at_init": value})
+    classes = model_facts.class_count(model)
+    if classes:
+        result.notes.append(f"loss at init {value:.3f}; a fresh {classes}-class head gives about ln {classes} = "
+                            f"{math.log(classes):.3f}")
+    return result
+
+
+def checked_loss(loss: torch.Tensor | None) -> float:
+    """The loss as a number, or a failure saying why it cannot be trained on."""
+    import torch
+
+    if loss is None:
+        raise diagnosis.PipelineFailure(
+            "compute_loss returned None instead of a loss tensor",
+            "return the loss tensor from compute_loss (and give the model labels)",
+        )
+    if not torch.is_tensor(loss) or loss.numel() != 1:
+        shape = list(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
+        raise diagnosis.PipelineFailure(
+            f"the loss is not a scalar (shape {shape}), so backward() cannot start from it",
+            "reduce it to one number in compute_loss, e.g. loss.mean()",
+        )
+    value = float(loss.detach().float().item())
+    if not math.isfinite(value):
+        raise diagnosis.PipelineFailure(
+            f"the loss on the first batch is {value} before any training step",
+            "look for NaN or infinite values in the inputs or labels, and for a custom loss that divides by zero "
+            "or takes the log of 0",
+        )
+    return value

@@ -1,0 +1,57 @@
+"""`step`: the Trainer's own optimizer and scheduler take one step that changes the weights."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pytest_trainer import diagnosis
+from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.forward import checked_loss
+
+if TYPE_CHECKING:
+    from pytest_trainer.pipeline import Pipeline
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    import torch
+
+    model = pipeline.model_on(device)
+    batch = pipeline.batch_on(device)
+    result = StageResult("step", device, batch=batch)
+    with pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, scheduler):
+        peak = max(group.get("initial_lr", group["lr"]) for group in optimizer.param_groups)
+        if peak == 0:
+            raise diagnosis.PipelineFailure(
+                "the learning rate is 0, so no optimizer step can change the weights",
+                "set learning_rate in TrainingArguments (fine-tuning usually takes 1e-5 to 5e-5)",
+            )
+        if max(group["lr"] for group in optimizer.param_groups) == 0:
+            # A warmup that starts at 0 would hide the learning rate: step with the peak one.
+            for group in optimizer.param_groups:
+                group["lr"] = group.get("initial_lr", group["lr"])
+            result.notes.append(f"the schedule starts at 0 (warmup); the step used the peak learning rate {peak:g}")
+        trainable = {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
+        before = {name: parameter.detach().clone() for name, parameter in trainable.items()}
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = pipeline.loss(model, batch)
+        result.loss = checked_loss(loss)
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        changed = [name for name, parameter in trainable.items() if not torch.equal(before[name], parameter.detach())]
+        broken = [name for name, parameter in trainable.items() if not torch.isfinite(parameter.detach()).all()]
+    if not changed:
+        raise diagnosis.PipelineFailure(
+            f"one optimizer step left all {len(trainable)} trainable parameters unchanged "
+            f"(learning rate {peak:g})",
+            "check learning_rate, the optimizer given to the Trainer, and that the loss depends on the parameters",
+        )
+    if broken:
+        raise diagnosis.PipelineFailure(
+            f"one optimizer step made {len(broken)} parameters non-finite (NaN or inf), e.g. {broken[0]}",
+            "lower the learning rate, clip gradients (max_grad_norm), or look for NaN inputs",
+        )
+    result.figures.update({"learning_rate": float(peak), "parameters_changed": float(len(changed))})
+    return result
