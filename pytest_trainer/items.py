@@ -12,7 +12,7 @@ from pytest_trainer.loading import ScriptError
 from pytest_trainer.plan import Step, plan
 
 #: Frames of these modules say nothing about the user's pipeline; they are left out of reports.
-_PLUMBING = ("pytest_trainer", "_pytest", "pluggy", "runpy.py")
+_PLUMBING = ("pytest_trainer", "_pytest", "pluggy", "runpy")
 
 
 class TrainerScript(pytest.File):
@@ -42,10 +42,10 @@ class StageItem(pytest.Function):
     def reportinfo(self) -> tuple[Any, int, str]:
         return self.path, 0, f"{self.step.name} of {self.path.name}"
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:  # type: ignore[override]
         error = excinfo.value
         if not isinstance(error, (PipelineFailure, ScriptError)):
-            return super().repr_failure(excinfo, style)
+            return super().repr_failure(excinfo)
         text = f"{self.step.name} failed: {error.render()}"
         if error.__cause__ is not None:
             text += "\n\noriginal error:\n" + original_error(error.__cause__)

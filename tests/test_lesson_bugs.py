@@ -1,0 +1,70 @@
+"""The three bugs of the course lesson, each caught at its stage with its cause and fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import GOOD_SCRIPT, write
+
+
+def test_correct_script_passes_every_cpu_stage(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    result = project.runpytest("--trainer-module=train.py", "-rs")
+    result.assert_outcomes(passed=5, skipped=5)
+    result.stdout.fnmatch_lines(["*SKIPPED*CUDA is not available on this machine*"])
+
+
+def test_raw_text_dataset_fails_at_dataset(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace("train_dataset=data", "train_dataset=tiny.text_dataset()"))
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-rs")
+    result.assert_outcomes(failed=1, skipped=4)
+    result.stdout.fnmatch_lines([
+        "dataset[[]cpu[]] failed: the training dataset has text columns 'text' but no 'input_ids'*",
+        "*fix: tokenize it first*raw.map(lambda batch: tokenizer(batch[[]\"text\"[]], truncation=True)*",
+        "*SKIPPED*blocked by dataset[[]cpu[]]*",
+    ])
+
+
+def test_unpadded_samples_without_tokenizer_fail_at_collate(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace(", processing_class=tok", ""))
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(passed=1, failed=1, skipped=3)
+    result.stdout.fnmatch_lines([
+        "collate[[]cpu[]] failed: samples of different lengths (input_ids: *, *) reach a collator that does not pad*",
+        "*fix: pass the tokenizer to the Trainer (processing_class=tokenizer*DataCollatorWithPadding(tokenizer)*",
+        "original error:",
+        "*ValueError: expected sequence of length*",
+    ])
+
+
+def test_tokenizer_without_pad_token_is_named(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace("tok = tiny.tokenizer()", "tok = tiny.tokenizer(pad=False)"))
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(passed=1, failed=1, skipped=3)
+    result.stdout.fnmatch_lines(["collate[[]cpu[]] failed: *the tokenizer (*) has no pad token*",
+                                 "*fix: *tokenizer.pad_token = tokenizer.eos_token*"])
+
+
+THREE_LABELS_TWO_OUTPUTS = GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(num_labels=2)")
+
+
+def test_labels_beyond_the_head_fail_at_dataset(project: pytest.Pytester) -> None:
+    write(project, "train.py", THREE_LABELS_TWO_OUTPUTS)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(failed=1, skipped=4)
+    result.stdout.fnmatch_lines([
+        "dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs (row 2 of the training*",
+        "*fix: pass num_labels=3 when building the model*",
+    ])
+
+
+def test_labels_beyond_the_head_are_explained_at_forward_too(project: pytest.Pytester) -> None:
+    write(project, "train.py", THREE_LABELS_TWO_OUTPUTS)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-stages=forward", "--trainer-devices=cpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "forward[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
+        "*fix: pass num_labels=3*",
+        "original error:",
+        "*IndexError: Target 2 is out of bounds*",
+    ])

@@ -1,0 +1,192 @@
+"""Scripts in the styles people write load unmodified, leave nothing behind, and break clearly."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import GOOD_SCRIPT, write
+
+ARGPARSE_MAIN = """
+    import argparse
+    import tiny
+    from transformers import Trainer, TrainingArguments
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--lr", type=float, default=5e-4)
+        parser.add_argument("--output", default="checkpoints")
+        options = parser.parse_args()
+        tok = tiny.tokenizer()
+        args = TrainingArguments(output_dir=options.output, learning_rate=options.lr, per_device_train_batch_size=8)
+        trainer = Trainer(model=tiny.classifier(), args=args, processing_class=tok,
+                          train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+        trainer.train()
+        trainer.save_model()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_main_with_argparse_defaults_under_main_guard(project: pytest.Pytester) -> None:
+    write(project, "train.py", ARGPARSE_MAIN)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(passed=5)
+
+
+def test_script_arguments_come_from_trainer_args(project: pytest.Pytester) -> None:
+    write(project, "train.py", ARGPARSE_MAIN.replace('default=5e-4', 'required=True'))
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-args=--lr 0")
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["step[[]cpu[]] failed: the learning rate is 0*"])
+
+
+def test_argparse_rejecting_missing_arguments_suggests_trainer_args(project: pytest.Pytester) -> None:
+    write(project, "train.py", ARGPARSE_MAIN.replace('default=5e-4', 'required=True'))
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-rs")
+    result.assert_outcomes(failed=1, skipped=4)
+    result.stdout.fnmatch_lines([
+        "dataset[[]cpu[]] failed: train.py: the script exited (sys.exit with code 2) before building a Trainer*",
+        "*| *error: the following arguments are required: --lr*",
+        "*fix: *--trainer-args=*",
+        "*SKIPPED*not run: the Trainer did not load (see dataset[[]cpu[]])*",
+    ])
+
+
+def test_trainer_subclass_with_its_own_compute_loss(project: pytest.Pytester) -> None:
+    write(project, "train.py", """
+        import torch
+        import tiny
+        from transformers import Trainer, TrainingArguments
+
+        class WeightedTrainer(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                labels = inputs.pop("labels")
+                outputs = model(**inputs)
+                weights = torch.tensor([1.0, 2.0, 3.0], device=outputs.logits.device)
+                loss = torch.nn.functional.cross_entropy(outputs.logits, labels, weight=weights)
+                return (loss, outputs) if return_outputs else loss
+
+            def train(self, *args, **kwargs):  # overridden without calling super(): still never trains
+                raise AssertionError("the real training loop ran")
+
+        tok = tiny.tokenizer()
+        args = TrainingArguments(output_dir="checkpoints", per_device_train_batch_size=8)
+        trainer = WeightedTrainer(model=tiny.classifier(), args=args, processing_class=tok,
+                                  train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+        trainer.train()
+    """)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(passed=5)
+
+
+def test_factory_function_instead_of_main(project: pytest.Pytester) -> None:
+    write(project, "train.py", """
+        import tiny
+        from transformers import Trainer, TrainingArguments
+
+        def build_trainer():
+            tok = tiny.tokenizer()
+            args = TrainingArguments(output_dir="checkpoints", per_device_train_batch_size=8)
+            return Trainer(model=tiny.classifier(), args=args, processing_class=tok,
+                           train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+
+        if __name__ == "__main__":
+            raise SystemExit("a factory script must not run its main block")
+    """)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-factory=build_trainer", "--trainer-devices=cpu")
+    result.assert_outcomes(passed=5)
+
+
+def test_script_that_builds_but_never_trains(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace("trainer.train()", ""))
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(passed=5)
+
+
+def test_suite_writes_nothing_into_the_project(project: pytest.Pytester) -> None:
+    write(project, "train.py", """
+        import os
+        import tiny
+        from transformers import Trainer, TrainerCallback, TrainingArguments
+
+        class WritesAtStart(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                open("callback-was-here.txt", "w").close()
+
+        os.environ["PIPELINE_SCRIPT_RAN"] = "1"
+        tok = tiny.tokenizer()
+        args = TrainingArguments(output_dir="checkpoints", save_strategy="steps", save_steps=1, report_to="all",
+                                 per_device_train_batch_size=8)
+        trainer = Trainer(model=tiny.classifier(), args=args, processing_class=tok, callbacks=[WritesAtStart()],
+                          train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+        trainer.train()
+    """)
+    before = sorted(path.name for path in project.path.iterdir())
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=5)
+    after = sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__")
+    assert after == before
+    assert not (project.path / "checkpoints").exists()
+    assert "PIPELINE_SCRIPT_RAN" not in __import__("os").environ
+
+
+def test_process_state_is_restored_after_the_script(project: pytest.Pytester) -> None:
+    write(project, "train.py", """
+        import logging, os, random, sys, warnings
+        import tiny
+        from transformers import Trainer, TrainingArguments
+        os.chdir("..")
+        sys.argv.append("--extra")
+        random.seed(1)
+        logging.getLogger().setLevel(logging.ERROR)
+        warnings.simplefilter("ignore")
+        tok = tiny.tokenizer()
+        trainer = Trainer(model=tiny.classifier(), args=TrainingArguments(output_dir="out"), processing_class=tok,
+                          train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+    """)
+    project.makeconftest("""
+        import logging, os, sys, warnings
+        import pytest
+
+        @pytest.fixture(autouse=True)
+        def state_before(request):
+            before = (os.getcwd(), list(sys.argv), logging.getLogger().level, list(warnings.filters))
+            yield
+            after = (os.getcwd(), list(sys.argv), logging.getLogger().level, list(warnings.filters))
+            assert after == before
+    """)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(passed=5)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import tiny\ndef broken(:\n", ["*train.py: syntax error: *", "*at *train.py:2*"]),
+        ("import tiny\nimport package_that_is_not_installed\n",
+         ["*train.py: import failed: No module named 'package_that_is_not_installed'*",
+          "*fix: install the missing package*package_that_is_not_installed*"]),
+        ("import tiny\nimport sys\nprint('loading data')\nsys.exit(3)\n",
+         ["*the script exited (sys.exit with code 3) before building a Trainer*", "*| loading data*"]),
+        ("import tiny\ndata = tiny.text_dataset()\nrows = data['missing_column']\n",
+         ["*train.py: the script raised ValueError*", "*at *train.py:3: rows = data*missing_column*"]),
+        ("import tiny\nprint('no trainer here')\n",
+         ["*the script finished without building a transformers.Trainer*", "*fix: *--trainer-factory=NAME*"]),
+    ],
+    ids=["syntax-error", "import-error", "sys-exit", "exception", "no-trainer"],
+)
+def test_broken_script_fails_once_with_cause_and_fix(
+    project: pytest.Pytester, source: str, expected: list[str]
+) -> None:
+    write(project, "train.py", source)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(failed=1, skipped=4)
+    result.stdout.fnmatch_lines(expected)
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+
+
+def test_missing_script_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--trainer-module=nowhere.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*nowhere.py does not exist*"])
