@@ -1,0 +1,63 @@
+"""Node ids, order, selection, and the options, ini keys, markers and fixtures pytest shows."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import GOOD_SCRIPT, write
+
+
+def test_one_item_per_stage_and_device_cpu_first(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    write(project, "other.py", GOOD_SCRIPT)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-module=other.py", "--collect-only", "-q")
+    ids = [line for line in result.outlines if "::" in line]
+    stages = ["dataset", "collate", "forward", "backward", "step"]
+    expected_cpu = [f"{script}::{stage}[cpu]" for script in ("other.py", "train.py") for stage in stages]
+    expected_cuda = [f"{script}::{stage}[cuda]" for script in ("other.py", "train.py") for stage in stages]
+    assert ids == expected_cpu + expected_cuda
+
+
+def test_keyword_selection_and_narrowing_options(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    result = project.runpytest("--trainer-module=train.py", "-k", "forward and cpu", "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["train.py::forward[[]cpu[]] PASSED*"])
+    narrowed = project.runpytest("--trainer-module=train.py", "--trainer-stages=step,dataset",
+                                 "--trainer-devices=cpu", "--collect-only", "-q")
+    assert [line for line in narrowed.outlines if "::" in line] == ["train.py::dataset[cpu]", "train.py::step[cpu]"]
+
+
+def test_ini_keys_let_ci_run_plain_pytest(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    project.makeini("[pytest]\ntrainer_module = train.py\ntrainer_devices = cpu\ntrainer_stages = dataset,forward\n")
+    result = project.runpytest()
+    result.assert_outcomes(passed=2)
+
+
+def test_unknown_stage_names_its_source(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-stages=forwrd")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--trainer-stages on the command line: unknown 'forwrd'; choose from dataset, *"])
+
+
+def test_script_beside_regular_tests_is_not_imported_as_tests(project: pytest.Pytester) -> None:
+    write(project, "test_train.py", GOOD_SCRIPT)
+    project.makepyfile(test_other="def test_ok():\n    assert True\n")
+    result = project.runpytest("--trainer-module=test_train.py", "--trainer-devices=cpu")
+    result.assert_outcomes(passed=6)
+
+
+def test_help_markers_and_fixtures_are_documented(pytester: pytest.Pytester) -> None:
+    help_text = pytester.runpytest("--help").stdout.str()
+    for option in ("--trainer-module", "--trainer-args", "--trainer-factory", "--trainer-stages", "--trainer-devices"):
+        assert option in help_text
+    for key in ("trainer_module", "trainer_args", "trainer_factory", "trainer_stages", "trainer_devices"):
+        assert key in help_text
+    pytester.runpytest("--markers").stdout.fnmatch_lines(
+        ["@pytest.mark.trainer_pipeline(module=None, stages=None, devices=None, factory=None):*"]
+    )
+    fixtures = pytester.runpytest("--fixtures").stdout.str()
+    for name in ("trainer ", "trainer_stage ", "pipeline_device ", "train_batch "):
+        assert name in fixtures

@@ -1,0 +1,88 @@
+"""The trainer_pipeline marker in a repository's own tests, with a `trainer` fixture or a script."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import GOOD_SCRIPT, write
+
+CONFTEST = """
+    import pytest
+    import tiny
+    from transformers import Trainer, TrainingArguments
+
+    @pytest.fixture(scope="session")
+    def trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        args = TrainingArguments(output_dir=str(tmp_path_factory.mktemp("out")), per_device_train_batch_size=8,
+                                 learning_rate={lr})
+        return Trainer(model=tiny.classifier(), args=args, processing_class=tok,
+                       train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+"""
+
+TESTS = """
+    import pytest
+    import torch
+
+    @pytest.mark.trainer_pipeline(stages=["forward", "backward", "step"])
+    def test_pipeline(trainer_stage, trainer, pipeline_device, train_batch):
+        before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+        result = trainer_stage.run()
+        assert result.device == pipeline_device
+        assert train_batch["input_ids"].shape[0] == 8
+        if trainer_stage.stage == "forward":
+            assert result.outputs.logits.shape == (8, 3)
+        if trainer_stage.stage == "backward":
+            assert set(result.gradients) == {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+        after = dict(trainer.model.named_parameters())
+        assert all(torch.equal(before[name], after[name]) for name in before), "a stage leaked weights"
+"""
+
+
+def test_marker_with_conftest_trainer(project: pytest.Pytester) -> None:
+    write(project, "conftest.py", CONFTEST.replace("{lr}", "1e-3"))
+    write(project, "test_pipeline.py", TESTS)
+    result = project.runpytest("-v", "--strict-markers", "-rs")
+    result.assert_outcomes(passed=3, skipped=3)
+    result.stdout.fnmatch_lines([
+        "test_pipeline.py::test_pipeline[[]forward-cpu[]] PASSED*",
+        "test_pipeline.py::test_pipeline[[]backward-cpu[]] PASSED*",
+        "test_pipeline.py::test_pipeline[[]step-cpu[]] PASSED*",
+        "*SKIPPED*CUDA is not available*",
+    ])
+
+
+def test_marker_failure_blocks_later_stages_of_that_test(project: pytest.Pytester) -> None:
+    write(project, "conftest.py", CONFTEST.replace("{lr}", "0.0").replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
+    write(project, "test_pipeline.py", TESTS)
+    result = project.runpytest("-rs", "--trainer-devices=cpu")
+    result.assert_outcomes(failed=1, skipped=2)
+    result.stdout.fnmatch_lines(["E *labels range 0..2 (3 classes) but the model has 2 outputs*",
+                                 "*SKIPPED*blocked by forward[[]cpu[]]*"])
+
+
+def test_marker_with_module_runs_the_script(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    write(project, "test_pipeline.py", """
+        import pytest
+
+        @pytest.mark.trainer_pipeline(module="train.py", devices=["cpu"])
+        def test_pipeline(trainer_stage):
+            trainer_stage.run()
+    """)
+    result = project.runpytest("-v")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(["*test_pipeline[[]dataset-cpu[]] PASSED*"])
+
+
+def test_marker_without_any_trainer_says_what_to_define(project: pytest.Pytester) -> None:
+    write(project, "test_pipeline.py", """
+        import pytest
+
+        @pytest.mark.trainer_pipeline(stages=["forward"], devices=["cpu"])
+        def test_pipeline(trainer_stage):
+            trainer_stage.run()
+    """)
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*no Trainer to test. Define a `trainer` fixture in conftest.py*"])
