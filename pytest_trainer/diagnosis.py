@@ -82,13 +82,14 @@ def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailu
     tokenizer = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
     if tokenizer is not None and getattr(tokenizer, "pad_token", "") is None:
         return PipelineFailure(
-            f"samples of different lengths ({column}: {shown}) must be padded, "
+            f"samples of different lengths ({column} lengths of the first rows: {shown}) must be padded, "
             f"but the tokenizer ({type(tokenizer).__name__}) has no pad token",
             "give it one before building the Trainer: tokenizer.pad_token = tokenizer.eos_token "
             "(or tokenizer.add_special_tokens({'pad_token': '[PAD]'}) and model.resize_token_embeddings)",
         )
     return PipelineFailure(
-        f"samples of different lengths ({column}: {shown}) reach a collator that does not pad them "
+        f"samples of different lengths ({column} lengths of the first rows: {shown}) reach a collator that "
+        "does not pad them "
         f"({_collator_name(trainer)})",
         "pass the tokenizer to the Trainer (processing_class=tokenizer; tokenizer=tokenizer before "
         "transformers 4.46) or data_collator=DataCollatorWithPadding(tokenizer), or pad when tokenizing",

@@ -43,6 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for script in settings.modules:
         if not script.is_file():
             raise pytest.UsageError(f"--trainer-module / trainer_module: {script} does not exist")
+    if config.getoption("trainer_module") and config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args[:] = []  # `pytest --trainer-module=train.py` alone tests the script, not testpaths too
+    for script in settings.modules:
         if all(Path(arg.split("::")[0]).resolve() != script for arg in config.args):
             config.args.append(str(script))  # so it is collected even outside the folders pytest walks
 

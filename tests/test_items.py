@@ -13,8 +13,8 @@ def test_one_item_per_stage_and_device_cpu_first(project: pytest.Pytester) -> No
     result = project.runpytest("--trainer-module=train.py", "--trainer-module=other.py", "--collect-only", "-q")
     ids = [line for line in result.outlines if "::" in line]
     stages = ["dataset", "collate", "forward", "backward", "step"]
-    expected_cpu = [f"{script}::{stage}[cpu]" for script in ("other.py", "train.py") for stage in stages]
-    expected_cuda = [f"{script}::{stage}[cuda]" for script in ("other.py", "train.py") for stage in stages]
+    expected_cpu = [f"{script}::{stage}[cpu]" for script in ("train.py", "other.py") for stage in stages]
+    expected_cuda = [f"{script}::{stage}[cuda]" for script in ("train.py", "other.py") for stage in stages]
     assert ids == expected_cpu + expected_cuda
 
 
@@ -45,7 +45,7 @@ def test_unknown_stage_names_its_source(project: pytest.Pytester) -> None:
 def test_script_beside_regular_tests_is_not_imported_as_tests(project: pytest.Pytester) -> None:
     write(project, "test_train.py", GOOD_SCRIPT)
     project.makepyfile(test_other="def test_ok():\n    assert True\n")
-    result = project.runpytest("--trainer-module=test_train.py", "--trainer-devices=cpu")
+    result = project.runpytest(".", "--trainer-module=test_train.py", "--trainer-devices=cpu")
     result.assert_outcomes(passed=6)
 
 
@@ -61,3 +61,14 @@ def test_help_markers_and_fixtures_are_documented(pytester: pytest.Pytester) -> 
     fixtures = pytester.runpytest("--fixtures").stdout.str()
     for name in ("trainer ", "trainer_stage ", "pipeline_device ", "train_batch "):
         assert name in fixtures
+
+
+def test_command_line_script_alone_skips_testpaths_but_paths_add_them(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    project.makepyfile(test_other="def test_ok():\n    assert True\n")
+    project.makeini("[pytest]\ntestpaths = .\n")
+    alone = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "--collect-only", "-q")
+    assert [line for line in alone.outlines if "::" in line] == [f"train.py::{s}[cpu]" for s in
+                                                                 ("dataset", "collate", "forward", "backward", "step")]
+    both = project.runpytest("test_other.py", "--trainer-module=train.py", "--trainer-devices=cpu")
+    both.assert_outcomes(passed=6)

@@ -30,7 +30,7 @@ def test_unpadded_samples_without_tokenizer_fail_at_collate(project: pytest.Pyte
     result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
     result.assert_outcomes(passed=1, failed=1, skipped=3)
     result.stdout.fnmatch_lines([
-        "collate[[]cpu[]] failed: samples of different lengths (input_ids: *, *) reach a collator that does not pad*",
+        "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *, *) reach a collator that does not pad*",
         "*fix: pass the tokenizer to the Trainer (processing_class=tokenizer*DataCollatorWithPadding(tokenizer)*",
         "original error:",
         "*ValueError: expected sequence of length*",

@@ -1,0 +1,43 @@
+"""The bundled examples behave as their READMEs say, offline, as a new user would run them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).parent.parent / "conftest_examples"
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.mark.usefixtures("offline")
+def test_mnli_example_on_pretrained_minilm(pytester: pytest.Pytester) -> None:
+    shutil.copytree(EXAMPLES / "mnli", pytester.path / "mnli")
+    scripts = ["train", "train_raw_dataset", "train_no_padding", "train_two_labels"]
+    result = pytester.runpytest(*(f"--trainer-module=mnli/{name}.py" for name in scripts), "-v", "-rs")
+    result.stdout.fnmatch_lines_random([
+        *(f"mnli/train.py::{stage}[[]cpu[]] PASSED*" for stage in ("dataset", "collate", "forward", "backward", "step")),
+        "mnli/train_raw_dataset.py::dataset[[]cpu[]] FAILED*",
+        "mnli/train_no_padding.py::dataset[[]cpu[]] PASSED*",
+        "mnli/train_no_padding.py::collate[[]cpu[]] FAILED*",
+        "mnli/train_two_labels.py::dataset[[]cpu[]] FAILED*",
+        "dataset[[]cpu[]] failed: the training dataset has text columns 'premise', 'hypothesis' but no 'input_ids'*",
+        "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *) reach a collator that does not pad*",
+        "dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
+        "*fix: pass num_labels=3 when building the model*",
+        "*SKIPPED*CUDA is not available on this machine*",
+    ])
+    result.assert_outcomes(passed=6, failed=3, skipped=31)
+    assert not (pytester.path / "mnli-minilm").exists()
+
+
+def test_marker_example(pytester: pytest.Pytester) -> None:
+    shutil.copytree(EXAMPLES / "marker", pytester.path / "marker")
+    result = pytester.runpytest("marker", "--strict-markers")
+    result.assert_outcomes(passed=6, skipped=6)
