@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_trainer import diagnosis, model_facts, tables
+from pytest_trainer import diagnosis, tables
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -92,7 +92,13 @@ class Pipeline:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.trainer.model
+        model = self.trainer.model
+        if model is None:  # only with model_init, which the Trainer calls at train()
+            raise diagnosis.PipelineFailure(
+                "the Trainer has no model yet (it was given model_init, which runs only inside train())",
+                "pass model= to the Trainer, or test a factory that builds one (--trainer-factory)",
+            )
+        return model
 
     def model_on(self, device: str) -> torch.nn.Module:
         """The model on `device`, moved once; a CPU copy is kept before it goes to CUDA, to replay failures."""
@@ -133,7 +139,7 @@ class Pipeline:
             yield trainer.optimizer, trainer.lr_scheduler
         finally:
             trainer.model, trainer.optimizer, trainer.lr_scheduler = saved
-            if given_state is not None:
+            if given_state is not None and trainer.optimizer is not None:
                 trainer.optimizer.load_state_dict(given_state)
 
     def planned_steps(self) -> int:
@@ -142,7 +148,7 @@ class Pipeline:
         if args.max_steps > 0:
             return int(args.max_steps)
         try:
-            batches = math.ceil(len(self.trainer.train_dataset) / args.train_batch_size)
+            batches = math.ceil(len(self.trainer.train_dataset) / args.train_batch_size)  # type: ignore[arg-type]
         except TypeError:
             return 1000
         return max(1, math.ceil(batches / args.gradient_accumulation_steps * args.num_train_epochs))

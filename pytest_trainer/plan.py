@@ -50,6 +50,6 @@ def cpu_first(items: list[T], step_of: dict[int, Step]) -> list[T]:
     slots = [index for index, item in enumerate(items) if id(item) in step_of]
     ordered = sorted((items[index] for index in slots), key=lambda item: DEVICES.index(step_of[id(item)].device))
     result = list(items)
-    for index, item in zip(slots, ordered):
+    for index, item in zip(slots, ordered, strict=True):
         result[index] = item
     return result

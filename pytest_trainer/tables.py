@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (makes pa.compute available)
+import pyarrow.compute
 
 
 def as_table(dataset: Any, limit: int) -> pa.Table:

@@ -14,7 +14,7 @@ from transformers import (
     TrainingArguments,
 )
 
-WORDS = "the a movie film plot actor was is great awful boring fun long short".split()
+WORDS = ["the", "a", "movie", "film", "plot", "actor", "was", "is", "great", "awful", "boring", "fun", "long", "short"]
 VOCAB = {word: index for index, word in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
 REVIEWS = [
     ("the movie was great", 1),

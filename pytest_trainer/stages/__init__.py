@@ -84,10 +84,11 @@ class TrainerStage:
             try:
                 _explained(check, pipeline, "cpu")
             except diagnosis.PipelineFailure as failure:
-                raise diagnosis.PipelineFailure(
-                    failure.cause, failure.fix, [*failure.details, "(found by replaying the failed CUDA step on the CPU)"]
-                ) from (failure.__cause__ or cuda_error)
-            raise diagnosis.explain(cuda_error, pipeline) or cuda_error
+                replayed = [*failure.details, "(found by replaying the failed CUDA step on the CPU)"]
+                raise diagnosis.PipelineFailure(failure.cause, failure.fix, replayed) from (
+                    failure.__cause__ or cuda_error
+                )
+            raise (diagnosis.explain(cuda_error, pipeline) or cuda_error) from None
 
 
 def _explained(check: Check, pipeline: Pipeline, device: str) -> StageResult:

@@ -85,14 +85,14 @@ def check_labels_present(pipeline: Pipeline, table: pa.Table) -> None:
     plain_collator = trainer.data_collator is default_data_collator or isinstance(
         trainer.data_collator, DataCollatorWithPadding
     )
-    if own_loss and plain_collator and "labels" in model_facts.forward_parameters(pipeline.model):
-        if pipeline.label_column(table) is None:
-            raise diagnosis.PipelineFailure(
-                f"the training dataset has no labels (columns: {', '.join(table.column_names)}), "
-                "so the model returns no loss to train on",
-                "keep the target column and name it 'labels' (or 'label'); for language modelling use "
-                "DataCollatorForLanguageModeling, which makes labels from input_ids",
-            )
+    takes_labels = "labels" in model_facts.forward_parameters(pipeline.model)
+    if own_loss and plain_collator and takes_labels and pipeline.label_column(table) is None:
+        raise diagnosis.PipelineFailure(
+            f"the training dataset has no labels (columns: {', '.join(table.column_names)}), "
+            "so the model returns no loss to train on",
+            "keep the target column and name it 'labels' (or 'label'); for language modelling use "
+            "DataCollatorForLanguageModeling, which makes labels from input_ids",
+        )
 
 
 def check_labels(pipeline: Pipeline, description: str, table: pa.Table) -> None:
