@@ -14,6 +14,9 @@ import pytest
 
 from pytest_trainer.plan import DEVICES, STAGES
 
+#: Default of --trainer-overfit-steps (kept here so that reading the options imports no torch).
+OVERFIT_STEPS = 150
+
 MODULE_HELP = (
     "training script whose Trainer is tested stage by stage (repeatable). "
     "The script runs as __main__ and stops where it calls trainer.train()."
@@ -25,6 +28,10 @@ FACTORY_HELP = (
 )
 STAGES_HELP = f"comma-separated stages to run (default: all of {', '.join(STAGES)})."
 DEVICES_HELP = f"comma-separated devices to run on (default: {', '.join(DEVICES)})."
+OVERFIT_STEPS_HELP = (
+    "most optimizer steps the overfit stage takes on one batch; it stops as soon as the loss has fallen "
+    "by one percent (default: 150)."
+)
 MARKER_LINE = (
     "trainer_pipeline(module=None, stages=None, devices=None, factory=None): run the test once per "
     "pipeline stage and device of a Trainer, given through the trainer_stage fixture. Without "
@@ -39,11 +46,13 @@ def register(parser: pytest.Parser) -> None:
     group.addoption("--trainer-factory", metavar="NAME", help=FACTORY_HELP)
     group.addoption("--trainer-stages", metavar="STAGES", help=STAGES_HELP)
     group.addoption("--trainer-devices", metavar="DEVICES", help=DEVICES_HELP)
+    group.addoption("--trainer-overfit-steps", metavar="N", help=OVERFIT_STEPS_HELP)
     parser.addini("trainer_module", type="paths", default=[], help=MODULE_HELP)
     parser.addini("trainer_args", type="string", default="", help=ARGS_HELP)
     parser.addini("trainer_factory", type="string", default="", help=FACTORY_HELP)
     parser.addini("trainer_stages", type="string", default="", help=STAGES_HELP)
     parser.addini("trainer_devices", type="string", default="", help=DEVICES_HELP)
+    parser.addini("trainer_overfit_steps", type="string", default="", help=OVERFIT_STEPS_HELP)
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class Settings:
     factory: str | None
     stages: tuple[str, ...]
     devices: tuple[str, ...]
+    overfit_steps: int
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -72,6 +82,7 @@ def resolve(config: pytest.Config) -> Settings:
         factory=factory or None,
         stages=_choices(config, "trainer_stages", STAGES),
         devices=_choices(config, "trainer_devices", DEVICES),
+        overfit_steps=_positive(config, "trainer_overfit_steps", OVERFIT_STEPS),
     )
 
 
@@ -82,6 +93,19 @@ def _pick(config: pytest.Config, name: str) -> tuple[str | None, str]:
         return value, f"--{name.replace('_', '-')} on the command line"
     ini_value = config.getini(name)
     return (ini_value or None), f"{name} in {config.inipath or 'the ini file'}"
+
+
+def _positive(config: pytest.Config, name: str, default: int) -> int:
+    raw, source = _pick(config, name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise pytest.UsageError(f"{source}: {raw!r} is not a positive whole number")
+    return value
 
 
 def _choices(config: pytest.Config, name: str, allowed: tuple[str, ...]) -> tuple[str, ...]:

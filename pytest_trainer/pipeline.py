@@ -11,7 +11,7 @@ import copy
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -28,24 +28,32 @@ PYTHON_ROWS_LIMIT = 10_000
 BATCH_SEED = 0
 
 
+class Split(NamedTuple):
+    description: str
+    #: The name of an evaluation split given as a dict, else None.
+    key: str | None
+    dataset: Any
+
+
 class Pipeline:
-    def __init__(self, trainer: Trainer, name: str) -> None:
+    def __init__(self, trainer: Trainer, name: str, overfit_steps: int) -> None:
         self.trainer = trainer
         self.name = name
+        self.overfit_steps = overfit_steps
         self._tables: dict[str, pa.Table] = {}
         self._batch: dict[str, Any] | None = None
         self._cpu_replica: torch.nn.Module | None = None
 
     # ---- data -----------------------------------------------------------------------------
 
-    def splits(self) -> list[tuple[str, Any]]:
-        """(description, dataset) of the training split and of every evaluation split."""
-        found = [("training", self.trainer.train_dataset)] if self.trainer.train_dataset is not None else []
+    def splits(self) -> list[Split]:
+        """The training split and every evaluation split."""
+        found = [Split("training", None, self.trainer.train_dataset)] if self.trainer.train_dataset is not None else []
         evaluation = self.trainer.eval_dataset
         if isinstance(evaluation, dict):
-            found += [(f"evaluation {name!r}", split) for name, split in evaluation.items()]
+            found += [Split(f"evaluation {name!r}", name, split) for name, split in evaluation.items()]
         elif evaluation is not None:
-            found.append(("evaluation", evaluation))
+            found.append(Split("evaluation", None, evaluation))
         return found
 
     def fed(self, dataset: Any, description: str) -> Any:

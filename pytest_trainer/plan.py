@@ -9,8 +9,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-#: The stages in pipeline order: a stage only makes sense once the ones before it work.
-STAGES: tuple[str, ...] = ("dataset", "collate", "forward", "backward", "step")
+#: The stages in pipeline order: a stage only makes sense once the ones it needs work.
+STAGES: tuple[str, ...] = ("dataset", "collate", "forward", "backward", "step", "overfit", "eval")
+#: What each stage needs: when one of these fails, the stage is skipped as blocked instead of failing again.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "collate": ("dataset",),
+    "forward": ("collate",),
+    "backward": ("forward",),
+    "step": ("backward",),
+    "overfit": ("step",),
+    "eval": ("forward",),
+}
 #: Devices in run order: every CPU item runs before any CUDA item, so a CUDA crash cannot hide a CPU result.
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
@@ -31,6 +40,15 @@ class Step:
     def marker_id(self) -> str:
         """Parametrization id in marker mode: `forward-cpu`."""
         return f"{self.stage}-{self.device}"
+
+
+def blocked_by(failed: str) -> set[str]:
+    """Every stage that needs `failed`, directly or through another stage."""
+    blocked: set[str] = set()
+    for stage in STAGES:  # pipeline order: a stage's needs come before it
+        if any(need == failed or need in blocked for need in NEEDS.get(stage, ())):
+            blocked.add(stage)
+    return blocked
 
 
 def plan(stages: Iterable[str], devices: Iterable[str]) -> list[Step]:

@@ -13,7 +13,7 @@ from pytest_trainer import devices, options
 from pytest_trainer.items import StageItem, TrainerScript
 from pytest_trainer.loading import ScriptError
 from pytest_trainer.plan import DEVICES, STAGES, Step, cpu_first
-from pytest_trainer.session import ALL_DEVICES, TrainerSession
+from pytest_trainer.session import ALL, TrainerSession
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -104,9 +104,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if step is not None and report.failed and report.when == "call":
         session = session_of(item.config)
         if call.excinfo is not None and call.excinfo.errisinstance(ScriptError):
-            session.block(_pipeline_key(item), ALL_DEVICES, f"not run: the Trainer did not load (see {step.name})")
+            session.block(_pipeline_key(item), ALL, ALL, f"not run: the Trainer did not load (see {step.name})")
         else:
-            session.block(_pipeline_key(item), step.device, f"blocked by {step.name}")
+            session.block(_pipeline_key(item), step.device, step.stage, f"blocked by {step.name}")
     return report
 
 
@@ -148,7 +148,7 @@ def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_
     from pytest_trainer.stages import TrainerStage
 
     session = session_of(request.config)
-    reason = session.blocker(_pipeline_key(request.node), pipeline_device)
+    reason = session.blocker(_pipeline_key(request.node), pipeline_device, _trainer_step.stage)
     if reason:
         pytest.skip(reason)
     return TrainerStage(

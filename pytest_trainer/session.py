@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer.loading import ScriptError, load_trainer
+from pytest_trainer.plan import blocked_by
 
 if TYPE_CHECKING:
     from pytest_trainer.options import Settings
     from pytest_trainer.pipeline import Pipeline
 
-#: Blocks every device of a pipeline, when the Trainer itself could not be had.
-ALL_DEVICES = "*"
+#: Stands for every device or every stage, when the Trainer itself could not be had.
+ALL = "*"
 
 
 class TrainerSession:
@@ -21,7 +22,7 @@ class TrainerSession:
         self.settings = settings
         self._scripts: dict[Path, Pipeline | ScriptError] = {}
         self._fixture_pipelines: dict[int, tuple[Any, Pipeline]] = {}
-        self._blocked: dict[tuple[str, str], str] = {}
+        self._blocked: dict[tuple[str, str, str], str] = {}
         self.cuda_broken: str | None = None
         self._output = tempfile.TemporaryDirectory(prefix="pytest-trainer-")
 
@@ -36,7 +37,7 @@ class TrainerSession:
             else:
                 from pytest_trainer.pipeline import Pipeline
 
-                self._scripts[script] = Pipeline(trainer, script.name)
+                self._scripts[script] = Pipeline(trainer, script.name, self.settings.overfit_steps)
         loaded = self._scripts[script]
         if isinstance(loaded, ScriptError):
             raise loaded
@@ -48,18 +49,20 @@ class TrainerSession:
         if known is None or known[0] is not trainer:
             from pytest_trainer.pipeline import Pipeline
 
-            known = (trainer, Pipeline(trainer, name))
+            known = (trainer, Pipeline(trainer, name, self.settings.overfit_steps))
             self._fixture_pipelines[id(trainer)] = known
         return known[1]
 
-    def blocker(self, key: str, device: str) -> str | None:
-        """Why a stage of this pipeline on this device should not run, or None."""
+    def blocker(self, key: str, device: str, stage: str) -> str | None:
+        """Why this stage of this pipeline on this device should not run, or None."""
         if device == "cuda" and self.cuda_broken:
             return f"the CUDA context is unusable after {self.cuda_broken}"
-        return self._blocked.get((key, ALL_DEVICES)) or self._blocked.get((key, device))
+        return self._blocked.get((key, ALL, ALL)) or self._blocked.get((key, device, stage))
 
-    def block(self, key: str, device: str, reason: str) -> None:
-        self._blocked.setdefault((key, device), reason)
+    def block(self, key: str, device: str, failed: str, reason: str) -> None:
+        """Skip, with `reason`, the stages that need the one that failed (all of them when `failed` is ALL)."""
+        for stage in [ALL] if failed == ALL else blocked_by(failed):
+            self._blocked.setdefault((key, device, stage), reason)
 
     def close(self) -> None:
         self._output.cleanup()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import accelerate  # noqa: F401
@@ -77,9 +78,90 @@ GOOD_SCRIPT = """
     tok = tiny.tokenizer()
     data = tiny.tokenized(tiny.text_dataset(), tok)
     args = TrainingArguments(output_dir="checkpoints", per_device_train_batch_size=8, report_to="none")
-    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
+    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, eval_dataset=data, processing_class=tok)
     trainer.train()
 """
+
+
+#: Correct pipelines of every kind the plugin must pass without a false alarm.
+KIND_SCRIPTS = {
+    "classification": GOOD_SCRIPT,
+    "regression": """
+        import tiny
+        from transformers import Trainer, TrainingArguments
+
+        tok = tiny.tokenizer()
+        raw = tiny.text_dataset().map(lambda row: {"label": len(row["text"].split()) / 10.0})
+        data = tiny.tokenized(raw, tok)
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+        trainer = Trainer(model=tiny.classifier(num_labels=1), args=args, train_dataset=data, eval_dataset=data,
+                          processing_class=tok)
+        trainer.train()
+    """,
+    "causal-lm": """
+        import tiny
+        from transformers import (DataCollatorForLanguageModeling, GPT2Config, GPT2LMHeadModel, Trainer,
+                                  TrainingArguments)
+
+        tok = tiny.tokenizer()
+        data = tiny.tokenized(tiny.text_dataset(), tok).remove_columns(["label"])
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tiny.VOCAB), n_embd=16, n_layer=1, n_head=2,
+                                           n_positions=64, pad_token_id=0))
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+        trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
+                          data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+        trainer.train()
+    """,
+    "causal-lm-packed": """
+        import tiny
+        from datasets import Dataset
+        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+        tok = tiny.tokenizer()
+        stream = [i for ids in tok(tiny.sentences(96))["input_ids"] for i in ids]
+        blocks = [stream[start:start + 16] for start in range(0, len(stream) - 15, 16)]
+        data = Dataset.from_dict({"input_ids": blocks, "labels": blocks})
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tiny.VOCAB), n_embd=16, n_layer=1, n_head=2,
+                                           n_positions=64))
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+        trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+        trainer.train()
+    """,
+    "masked-lm": """
+        import tiny
+        from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+        tok = tiny.tokenizer()
+        data = tiny.tokenized(tiny.text_dataset(), tok).remove_columns(["label"])
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+        trainer = Trainer(model=BertForMaskedLM(tiny.config()), args=args, train_dataset=data, eval_dataset=data,
+                          processing_class=tok, data_collator=DataCollatorForLanguageModeling(tok, mlm_probability=0.3))
+        trainer.train()
+    """,
+    "token-classification": """
+        import tiny
+        from transformers import (BertForTokenClassification, DataCollatorForTokenClassification, Trainer,
+                                  TrainingArguments)
+
+        tok = tiny.tokenizer()
+
+        def tag(batch):
+            encoded = tok(batch["text"], truncation=True)
+            encoded["labels"] = [
+                [-100 if word is None else (i + word) % 4
+                 for word in encoded.word_ids(i)]
+                for i in range(len(batch["text"]))
+            ]
+            return encoded
+
+        data = tiny.text_dataset().map(tag, batched=True, remove_columns=["text", "label"])
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+        trainer = Trainer(model=BertForTokenClassification(tiny.config(num_labels=4)), args=args,
+                          train_dataset=data, eval_dataset=data, processing_class=tok,
+                          data_collator=DataCollatorForTokenClassification(tok))
+        trainer.train()
+    """,
+}
 
 
 @pytest.fixture
@@ -94,3 +176,18 @@ def write(pytester: pytest.Pytester, name: str, source: str) -> str:
     path = pytester.path / name
     path.write_text(textwrap.dedent(source))
     return name
+
+
+def run_script(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """Run the pipeline items of `train.py` on the CPU, verbosely, so `outcomes` can read each item."""
+    return pytester.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-v", "-rs", *args)
+
+
+def outcomes(result: pytest.RunResult, script: str = "train.py") -> dict[str, str]:
+    """`{"forward[cpu]": "PASSED", ...}` for each item of `script` in a verbose run."""
+    found = (re.match(r"^(?:\S*/)?([^/\s]+)::(\S+) (PASSED|FAILED|SKIPPED|ERROR)", line) for line in result.outlines)
+    return {match[2]: match[3] for match in found if match and match[1] == script}
+
+
+def failures(result: pytest.RunResult, script: str = "train.py") -> list[str]:
+    return [item for item, outcome in outcomes(result, script).items() if outcome in ("FAILED", "ERROR")]

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import pytest
-from conftest import GOOD_SCRIPT, write
+
+from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
 
 
-def test_correct_script_passes_every_cpu_stage(project: pytest.Pytester) -> None:
+def test_correct_script_passes_every_cpu_stage_and_skips_cuda(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
-    result = project.runpytest("--trainer-module=train.py", "-rs")
-    result.assert_outcomes(passed=5, skipped=5)
+    result = project.runpytest("--trainer-module=train.py", "-v", "-rs")
+    statuses = outcomes(result)
+    assert {item for item, outcome in statuses.items() if outcome == "PASSED"} == {
+        f"{stage}[cpu]" for stage in ("dataset", "collate", "forward", "backward", "step", "overfit", "eval")
+    }
+    assert {outcome for item, outcome in statuses.items() if item.endswith("[cuda]")} == {"SKIPPED"}
     result.stdout.fnmatch_lines(["*SKIPPED*CUDA is not available on this machine*"])
 
 
 def test_raw_text_dataset_fails_at_dataset(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace("train_dataset=data", "train_dataset=tiny.text_dataset()"))
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-rs")
-    result.assert_outcomes(failed=1, skipped=4)
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines([
         "dataset[[]cpu[]] failed: the training dataset has text columns 'text' but no 'input_ids'*",
         "*fix: tokenize it first*raw.map(lambda batch: tokenizer(batch[[]\"text\"[]], truncation=True)*",
@@ -26,10 +31,12 @@ def test_raw_text_dataset_fails_at_dataset(project: pytest.Pytester) -> None:
 
 def test_unpadded_samples_without_tokenizer_fail_at_collate(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace(", processing_class=tok", ""))
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
-    result.assert_outcomes(passed=1, failed=1, skipped=3)
+    result = run_script(project)
+    assert failures(result) == ["collate[cpu]"]
+    assert outcomes(result)["forward[cpu]"] == "SKIPPED"
     result.stdout.fnmatch_lines([
-        "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *, *) reach a collator that does not pad*",
+        "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *, *) reach a "
+        "collator that does not pad*",
         "*fix: pass the tokenizer to the Trainer (processing_class=tokenizer*DataCollatorWithPadding(tokenizer)*",
         "original error:",
         "*ValueError: expected sequence of length*",
@@ -38,8 +45,8 @@ def test_unpadded_samples_without_tokenizer_fail_at_collate(project: pytest.Pyte
 
 def test_tokenizer_without_pad_token_is_named(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace("tok = tiny.tokenizer()", "tok = tiny.tokenizer(pad=False)"))
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
-    result.assert_outcomes(passed=1, failed=1, skipped=3)
+    result = run_script(project)
+    assert failures(result) == ["collate[cpu]"]
     result.stdout.fnmatch_lines(["collate[[]cpu[]] failed: *the tokenizer (*) has no pad token*",
                                  "*fix: *tokenizer.pad_token = tokenizer.eos_token*"])
 
@@ -49,8 +56,8 @@ THREE_LABELS_TWO_OUTPUTS = GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classi
 
 def test_labels_beyond_the_head_fail_at_dataset(project: pytest.Pytester) -> None:
     write(project, "train.py", THREE_LABELS_TWO_OUTPUTS)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
-    result.assert_outcomes(failed=1, skipped=4)
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines([
         "dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs (row 2 of the training*",
         "*fix: pass num_labels=3 when building the model*",
@@ -59,8 +66,8 @@ def test_labels_beyond_the_head_fail_at_dataset(project: pytest.Pytester) -> Non
 
 def test_labels_beyond_the_head_are_explained_at_forward_too(project: pytest.Pytester) -> None:
     write(project, "train.py", THREE_LABELS_TWO_OUTPUTS)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-stages=forward", "--trainer-devices=cpu")
-    result.assert_outcomes(failed=1)
+    result = run_script(project, "--trainer-stages=forward")
+    assert failures(result) == ["forward[cpu]"]
     result.stdout.fnmatch_lines([
         "forward[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
         "*fix: pass num_labels=3*",

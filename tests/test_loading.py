@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import GOOD_SCRIPT, write
+from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
 
 ARGPARSE_MAIN = """
     import argparse
@@ -29,21 +29,21 @@ ARGPARSE_MAIN = """
 
 def test_main_with_argparse_defaults_under_main_guard(project: pytest.Pytester) -> None:
     write(project, "train.py", ARGPARSE_MAIN)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
-    result.assert_outcomes(passed=5)
+    assert failures(run_script(project)) == []
 
 
 def test_script_arguments_come_from_trainer_args(project: pytest.Pytester) -> None:
     write(project, "train.py", ARGPARSE_MAIN.replace('default=5e-4', 'required=True'))
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-args=--lr 0")
-    result.assert_outcomes(passed=4, failed=1)
+    result = run_script(project, "--trainer-args=--lr 0")
+    assert failures(result) == ["step[cpu]"]
     result.stdout.fnmatch_lines(["step[[]cpu[]] failed: the learning rate is 0*"])
 
 
 def test_argparse_rejecting_missing_arguments_suggests_trainer_args(project: pytest.Pytester) -> None:
     write(project, "train.py", ARGPARSE_MAIN.replace('default=5e-4', 'required=True'))
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-rs")
-    result.assert_outcomes(failed=1, skipped=4)
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
+    assert set(list(outcomes(result).values())[1:]) == {"SKIPPED"}
     result.stdout.fnmatch_lines([
         "dataset[[]cpu[]] failed: train.py: the script exited (sys.exit with code 2) before building a Trainer*",
         "*| *error: the following arguments are required: --lr*",
@@ -75,8 +75,7 @@ def test_trainer_subclass_with_its_own_compute_loss(project: pytest.Pytester) ->
                                   train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
         trainer.train()
     """)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
-    result.assert_outcomes(passed=5)
+    assert failures(run_script(project)) == []
 
 
 def test_factory_function_instead_of_main(project: pytest.Pytester) -> None:
@@ -93,14 +92,16 @@ def test_factory_function_instead_of_main(project: pytest.Pytester) -> None:
         if __name__ == "__main__":
             raise SystemExit("a factory script must not run its main block")
     """)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-factory=build_trainer", "--trainer-devices=cpu")
-    result.assert_outcomes(passed=5)
+    result = run_script(project, "--trainer-factory=build_trainer")
+    assert failures(result) == []
+    assert outcomes(result)["step[cpu]"] == "PASSED"
 
 
 def test_script_that_builds_but_never_trains(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace("trainer.train()", ""))
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
-    result.assert_outcomes(passed=5)
+    result = run_script(project)
+    assert failures(result) == []
+    assert outcomes(result)["step[cpu]"] == "PASSED"
 
 
 def test_suite_writes_nothing_into_the_project(project: pytest.Pytester) -> None:
@@ -122,8 +123,8 @@ def test_suite_writes_nothing_into_the_project(project: pytest.Pytester) -> None
         trainer.train()
     """)
     before = sorted(path.name for path in project.path.iterdir())
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=5)
+    result = run_script(project, "-p", "no:cacheprovider")
+    assert failures(result) == []
     after = sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__")
     assert after == before
     assert not (project.path / "checkpoints").exists()
@@ -155,8 +156,8 @@ def test_process_state_is_restored_after_the_script(project: pytest.Pytester) ->
             after = (os.getcwd(), list(sys.argv), logging.getLogger().level, list(warnings.filters))
             assert after == before
     """)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
-    result.assert_outcomes(passed=5)
+    result = run_script(project)
+    assert failures(result) == []
 
 
 @pytest.mark.parametrize(
@@ -179,8 +180,9 @@ def test_broken_script_fails_once_with_cause_and_fix(
     project: pytest.Pytester, source: str, expected: list[str]
 ) -> None:
     write(project, "train.py", source)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu")
-    result.assert_outcomes(failed=1, skipped=4)
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
+    assert set(list(outcomes(result).values())[1:]) == {"SKIPPED"}
     result.stdout.fnmatch_lines(expected)
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
 

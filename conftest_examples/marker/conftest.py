@@ -52,5 +52,9 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
         output_dir=str(tmp_path_factory.mktemp("trainer")), per_device_train_batch_size=8, report_to="none"
     )
     return Trainer(
-        model=BertForSequenceClassification(config), args=args, train_dataset=data, processing_class=tokenizer
+        model=BertForSequenceClassification(config),
+        args=args,
+        train_dataset=data,
+        eval_dataset=data,
+        processing_class=tokenizer,
     )

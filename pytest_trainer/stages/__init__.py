@@ -31,10 +31,10 @@ Check = Callable[["Pipeline", str], StageResult]
 
 
 def _checks() -> dict[str, Check]:
-    from pytest_trainer.stages import backward, collate, dataset, forward, step
+    from pytest_trainer.stages import backward, collate, dataset, evaluation, forward, overfit, step
 
     return {"dataset": dataset.run, "collate": collate.run, "forward": forward.run, "backward": backward.run,
-            "step": step.run}
+            "step": step.run, "overfit": overfit.run, "eval": evaluation.run}
 
 
 class TrainerStage:

@@ -23,21 +23,25 @@ IGNORE_INDEX = -100
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    splits = pipeline.splits()
-    if not splits:
-        raise diagnosis.PipelineFailure(
-            "the Trainer has no train_dataset and no eval_dataset", "pass train_dataset= to the Trainer"
-        )
-    result = StageResult("dataset", device)
-    for description, dataset in splits:
-        table = _fed_table(pipeline, description, dataset)
-        check_inputs(pipeline, description, dataset, table)
-        if description == "training":
-            check_labels_present(pipeline, table)
-        check_labels(pipeline, description, table)
-        check_tokens(pipeline, description, table)
-        result.figures[f"rows_{description.split()[0]}"] = float(table.num_rows)
-    return result
+    """Check the training split; the evaluation splits get the same checks at the `eval` stage."""
+    dataset = pipeline.trainer.train_dataset
+    if dataset is None:
+        raise diagnosis.PipelineFailure("the Trainer has no train_dataset", "pass train_dataset= to the Trainer")
+    table = check_split(pipeline, "training", dataset)
+    check_labels_present(pipeline, table)
+    check_labels_vary(pipeline, table)
+    return StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
+
+
+def check_split(pipeline: Pipeline, description: str, dataset: object) -> pa.Table:
+    """Every check that holds for any split; returns the split as fed, as an Arrow table."""
+    table = _fed_table(pipeline, description, dataset)
+    check_inputs(pipeline, description, dataset, table)
+    check_finite(description, table)
+    check_labels(pipeline, description, table)
+    check_tokens(pipeline, description, table)
+    check_special_token_labels(pipeline, description, table)
+    return table
 
 
 def _fed_table(pipeline: Pipeline, description: str, dataset: object) -> pa.Table:
@@ -147,4 +151,62 @@ def check_tokens(pipeline: Pipeline, description: str, table: pa.Table) -> None:
         index = int(np.argmax(counts > limit))
         raise diagnosis.sequence_too_long(
             int(counts[index]), limit, f" in row {row_of(index)} of the {description} dataset"
+        )
+
+
+def check_labels_vary(pipeline: Pipeline, table: pa.Table) -> None:
+    """A classifier trained on one class only learns to predict that class."""
+    column = pipeline.label_column(table)
+    if model_facts.class_count(pipeline.model) is None or column is None or table.num_rows < 2:
+        return
+    values, _ = tables.flatten(table, column)
+    used = np.unique(values[values != IGNORE_INDEX])
+    if used.size == 1:
+        raise diagnosis.PipelineFailure(
+            f"every label of the training dataset is {used[0]}: the model can only learn to predict that class",
+            "check the label column and any filtering, sorting or slicing that kept a single class",
+        )
+
+
+def check_finite(description: str, table: pa.Table) -> None:
+    """NaN or infinite numbers in inputs or labels turn the loss into NaN at the first step that meets them."""
+    for column in table.column_names:
+        column_type = table.schema.field(column).type
+        if not tables.is_numeric(column_type):
+            continue
+        values, row_of = tables.flatten(table, column)
+        if values.dtype.kind != "f":
+            continue
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            index = int(bad[0])
+            raise diagnosis.PipelineFailure(
+                f"column {column!r} of the {description} dataset holds {values[index]} in row {row_of(index)} "
+                f"({bad.size} non-finite values in all): the loss becomes NaN where it meets them",
+                "drop or repair those rows before training (dataset.filter(...))",
+            )
+
+
+def check_special_token_labels(pipeline: Pipeline, description: str, table: pa.Table) -> None:
+    """In token classification, [CLS], [SEP] and padding must carry -100, or the loss trains on them."""
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    column = pipeline.label_column(table)
+    model_input = model_facts.main_input(pipeline.model)
+    special = getattr(tokenizer, "all_special_ids", None)
+    if tokenizer is None or not special or column is None or not model_facts.is_token_classifier(pipeline.model):
+        return
+    if model_input not in table.column_names:
+        return
+    ids, row_of = tables.flatten(table, model_input)
+    labels, _ = tables.flatten(table, column)
+    if ids.shape != labels.shape:
+        return
+    wrong = np.flatnonzero(np.isin(ids, special) & (labels != IGNORE_INDEX))
+    if wrong.size:
+        index = int(wrong[0])
+        token = tokenizer.convert_ids_to_tokens(int(ids[index]))
+        raise diagnosis.PipelineFailure(
+            f"positions of {token} carry label {labels[index]} (row {row_of(index)} of the {description} dataset, "
+            f"{wrong.size} special-token positions in all)",
+            f"set the labels of special tokens to -100 so the loss ignores them (word_ids() is None for {token})",
         )

@@ -1,0 +1,105 @@
+"""`eval`: the evaluation path the Trainer runs after each epoch, on a few batches of every split.
+
+Eval-only crashes (an untokenized evaluation split, a metric bug) otherwise appear only after a
+whole epoch of training. Each evaluation split gets the `dataset` checks first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import diagnosis
+from pytest_trainer.stages import StageResult, dataset
+
+if TYPE_CHECKING:
+    from pytest_trainer.pipeline import Pipeline, Split
+
+#: Batches of each evaluation split run through the prediction step.
+BATCHES = 2
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    import pytest
+
+    splits = [split for split in pipeline.splits() if split.description != "training"]
+    if not splits:
+        pytest.skip("the Trainer has no eval_dataset")
+    result = StageResult("eval", device)
+    for split in splits:
+        dataset.check_split(pipeline, split.description, split.dataset)
+        metrics = _evaluate(pipeline, device, split)
+        result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
+    return result
+
+
+def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]:
+    import torch
+    from transformers import EvalPrediction
+    from transformers.trainer_pt_utils import nested_concat, nested_numpify
+
+    trainer = pipeline.trainer
+    model = pipeline.model_on(device)
+    model.eval()
+    description = split.description
+    loader = trainer.get_eval_dataloader(split.key if split.key is not None else split.dataset)
+    predictions: Any = None
+    labels: Any = None
+    for batch in itertools.islice(loader, BATCHES):
+        batch = {name: value.to(device) if torch.is_tensor(value) else value for name, value in batch.items()}
+        with torch.no_grad():
+            _, logits, label_ids = _prediction_step(pipeline, model, batch, device)
+        if logits is not None and trainer.preprocess_logits_for_metrics is not None:
+            logits = trainer.preprocess_logits_for_metrics(logits, label_ids)
+        if logits is not None:
+            predictions = logits if predictions is None else nested_concat(predictions, logits, padding_index=-100)
+        if label_ids is not None:
+            labels = label_ids if labels is None else nested_concat(labels, label_ids, padding_index=-100)
+    if trainer.compute_metrics is None or predictions is None:
+        return {}
+    prediction = EvalPrediction(predictions=nested_numpify(predictions),
+                                label_ids=nested_numpify(labels) if labels is not None else None)  # type: ignore[arg-type]
+    try:
+        metrics = trainer.compute_metrics(prediction)
+    except Exception as error:
+        raise diagnosis.PipelineFailure(
+            f"compute_metrics raised {type(error).__name__} on the {description} predictions "
+            f"(predictions {_shapes(prediction.predictions)}, label_ids {_shapes(prediction.label_ids)})",
+            "fix compute_metrics for predictions of these shapes: it would crash after the first epoch",
+        ) from error
+    if not isinstance(metrics, dict):
+        raise diagnosis.PipelineFailure(
+            f"compute_metrics returned {type(metrics).__name__}, not a dict of numbers",
+            "return a dict such as {'accuracy': 0.8}",
+        )
+    bad = {name: value for name, value in metrics.items() if not _finite_number(value)}
+    if bad:
+        raise diagnosis.PipelineFailure(
+            f"compute_metrics returned values that are not finite numbers: {bad}",
+            "return plain finite numbers (float(...)); guard divisions by zero",
+        )
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def _prediction_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], device: str) -> tuple[Any, Any, Any]:
+    """The Trainer's own prediction step where it places inputs on this device; the same by hand elsewhere."""
+    trainer = pipeline.trainer
+    if trainer.args.device.type == device:
+        return trainer.prediction_step(model, batch, prediction_loss_only=False)
+    loss, outputs = pipeline.loss(model, batch)
+    logits = outputs.get("logits") if isinstance(outputs, dict) else outputs[1]
+    return loss, logits, batch.get("labels")
+
+
+def _finite_number(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _shapes(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_shapes(item) for item in value) + ")"
+    return str(getattr(value, "shape", type(value).__name__))
