@@ -123,6 +123,15 @@ def explain(error: BaseException, facts: Any) -> PipelineFailure | None:
         found = facts.token_problem()
         if found is not None:
             return found
+    if "must be the same as input size" in message or ("Found dtype" in message and "expected" in message):
+        config = getattr(getattr(facts, "model", None), "config", None)
+        problem = getattr(config, "problem_type", None)
+        width = getattr(config, "num_labels", None)
+        return PipelineFailure(
+            f"the labels do not fit the model's loss for problem_type={problem!r} with num_labels={width}: {message}",
+            "single-label classification takes integer class ids; multi-label classification takes float "
+            f"multi-hot rows of width {width}; regression takes floats with num_labels=1",
+        )
     if "did not return a loss" in message:
         return PipelineFailure(
             "the model returned no loss: the batch has no labels",

@@ -57,6 +57,16 @@ def position_limit(model: Any) -> int | None:
     return limit if has_table else None
 
 
+def shifts_labels(model: Any) -> bool:
+    """Causal language models predict the next token: their loss drops the first label of each row."""
+    return type(base_model(model)).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def is_language_model(model: Any) -> bool:
+    """Causal or masked language models, whose labels are token ids rather than classes."""
+    return shifts_labels(model) or type(base_model(model)).__name__.endswith(("ForMaskedLM", "ForPreTraining"))
+
+
 def main_input(model: Any) -> str:
     return getattr(base_model(model), "main_input_name", "input_ids")
 

@@ -14,8 +14,9 @@ import pytest
 
 from pytest_trainer.plan import DEVICES, STAGES
 
-#: Default of --trainer-overfit-steps (kept here so that reading the options imports no torch).
+#: Defaults of --trainer-overfit-steps and --trainer-examples (kept here: reading options imports no torch).
 OVERFIT_STEPS = 150
+EXAMPLES = 20
 
 MODULE_HELP = (
     "training script whose Trainer is tested stage by stage (repeatable). "
@@ -32,6 +33,10 @@ OVERFIT_STEPS_HELP = (
     "most optimizer steps the overfit stage takes on one batch; it stops as soon as the loss has fallen "
     "by one percent (default: 150)."
 )
+EXAMPLES_HELP = (
+    "hypothesis examples per property item (labels, lengths, padding); derandomized when the CI "
+    "variable is set (default: 20)."
+)
 MARKER_LINE = (
     "trainer_pipeline(module=None, stages=None, devices=None, factory=None): run the test once per "
     "pipeline stage and device of a Trainer, given through the trainer_stage fixture. Without "
@@ -47,12 +52,14 @@ def register(parser: pytest.Parser) -> None:
     group.addoption("--trainer-stages", metavar="STAGES", help=STAGES_HELP)
     group.addoption("--trainer-devices", metavar="DEVICES", help=DEVICES_HELP)
     group.addoption("--trainer-overfit-steps", metavar="N", help=OVERFIT_STEPS_HELP)
+    group.addoption("--trainer-examples", metavar="N", help=EXAMPLES_HELP)
     parser.addini("trainer_module", type="paths", default=[], help=MODULE_HELP)
     parser.addini("trainer_args", type="string", default="", help=ARGS_HELP)
     parser.addini("trainer_factory", type="string", default="", help=FACTORY_HELP)
     parser.addini("trainer_stages", type="string", default="", help=STAGES_HELP)
     parser.addini("trainer_devices", type="string", default="", help=DEVICES_HELP)
     parser.addini("trainer_overfit_steps", type="string", default="", help=OVERFIT_STEPS_HELP)
+    parser.addini("trainer_examples", type="string", default="", help=EXAMPLES_HELP)
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class Settings:
     stages: tuple[str, ...]
     devices: tuple[str, ...]
     overfit_steps: int
+    examples: int
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -83,6 +91,7 @@ def resolve(config: pytest.Config) -> Settings:
         stages=_choices(config, "trainer_stages", STAGES),
         devices=_choices(config, "trainer_devices", DEVICES),
         overfit_steps=_positive(config, "trainer_overfit_steps", OVERFIT_STEPS),
+        examples=_positive(config, "trainer_examples", EXAMPLES),
     )
 
 

@@ -36,10 +36,11 @@ class Split(NamedTuple):
 
 
 class Pipeline:
-    def __init__(self, trainer: Trainer, name: str, overfit_steps: int) -> None:
+    def __init__(self, trainer: Trainer, name: str, overfit_steps: int = 150, examples: int = 20) -> None:
         self.trainer = trainer
         self.name = name
         self.overfit_steps = overfit_steps
+        self.examples = examples
         self._tables: dict[str, pa.Table] = {}
         self._batch: dict[str, Any] | None = None
         self._cpu_replica: torch.nn.Module | None = None
@@ -69,6 +70,34 @@ class Pipeline:
         if description not in self._tables:
             self._tables[description] = tables.as_table(self.fed(dataset, description), PYTHON_ROWS_LIMIT)
         return self._tables[description]
+
+    def training_table(self) -> pa.Table:
+        if self.trainer.train_dataset is None:
+            raise diagnosis.PipelineFailure("the Trainer has no train_dataset", "pass train_dataset= to the Trainer")
+        return self.table("training", self.trainer.train_dataset)
+
+    def rows(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Training samples as the collator receives them (plain Python values)."""
+        table = self.training_table()
+        return [table.slice(index, 1).to_pylist()[0] for index in indices]
+
+    def collate(self, features: list[dict[str, Any]], device: str) -> dict[str, Any]:
+        """A batch made by the Trainer's own collator, on `device`."""
+        import torch
+
+        collator = self.trainer.data_collator
+        if not isinstance(self.trainer.train_dataset, __import__("datasets").Dataset):
+            collator = self.trainer._get_collator_with_removed_columns(collator, description="training")
+        batch = collator(features)
+        return {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
+
+    def decoded(self, token_ids: Any) -> str:
+        """The text of token ids when the Trainer knows a tokenizer, else an empty string."""
+        tokenizer = getattr(self.trainer, "processing_class", None)
+        decode = getattr(tokenizer, "decode", None)
+        if not callable(decode) or not isinstance(token_ids, list) or not token_ids:
+            return ""
+        return str(decode(token_ids))
 
     def label_column(self, table: pa.Table) -> str | None:
         names = [*(getattr(self.trainer, "label_names", None) or ["labels"]), "label", "label_ids"]

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 #: The stages in pipeline order: a stage only makes sense once the ones it needs work.
-STAGES: tuple[str, ...] = ("dataset", "collate", "forward", "backward", "step", "overfit", "eval")
+STAGES: tuple[str, ...] = (
+    "dataset", "collate", "forward", "backward", "step", "overfit", "eval",
+    "labels", "lengths", "padding",  # hypothesis-driven properties
+)
 #: What each stage needs: when one of these fails, the stage is skipped as blocked instead of failing again.
 NEEDS: dict[str, tuple[str, ...]] = {
     "collate": ("dataset",),
@@ -19,6 +22,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "step": ("backward",),
     "overfit": ("step",),
     "eval": ("forward",),
+    "labels": ("forward",),
+    "lengths": ("forward",),
+    "padding": ("forward",),
 }
 #: Devices in run order: every CPU item runs before any CUDA item, so a CUDA crash cannot hide a CPU result.
 DEVICES: tuple[str, ...] = ("cpu", "cuda")

@@ -166,6 +166,14 @@ def train_batch(trainer_stage: TrainerStage) -> dict[str, Any]:
     return trainer_stage.pipeline.batch_on(trainer_stage.device)
 
 
+@pytest.fixture
+def trainer_strategies(trainer_stage: TrainerStage) -> Any:
+    """Hypothesis strategies over this pipeline's data: `.label_values()`, `.rows()`, `.batches()`, ..."""
+    from pytest_trainer import strategies
+
+    return strategies.TrainerStrategies(trainer_stage.pipeline)
+
+
 # ---- helpers ---------------------------------------------------------------------------------------
 
 

@@ -35,9 +35,7 @@ class TrainerSession:
             except ScriptError as error:
                 self._scripts[script] = error
             else:
-                from pytest_trainer.pipeline import Pipeline
-
-                self._scripts[script] = Pipeline(trainer, script.name, self.settings.overfit_steps)
+                self._scripts[script] = self._pipeline(trainer, script.name)
         loaded = self._scripts[script]
         if isinstance(loaded, ScriptError):
             raise loaded
@@ -47,11 +45,14 @@ class TrainerSession:
         """The pipeline of a Trainer made by a `trainer` fixture; kept per Trainer object."""
         known = self._fixture_pipelines.get(id(trainer))
         if known is None or known[0] is not trainer:
-            from pytest_trainer.pipeline import Pipeline
-
-            known = (trainer, Pipeline(trainer, name, self.settings.overfit_steps))
+            known = (trainer, self._pipeline(trainer, name))
             self._fixture_pipelines[id(trainer)] = known
         return known[1]
+
+    def _pipeline(self, trainer: Any, name: str) -> Pipeline:
+        from pytest_trainer.pipeline import Pipeline
+
+        return Pipeline(trainer, name, overfit_steps=self.settings.overfit_steps, examples=self.settings.examples)
 
     def blocker(self, key: str, device: str, stage: str) -> str | None:
         """Why this stage of this pipeline on this device should not run, or None."""

@@ -7,6 +7,7 @@ import textwrap
 
 import accelerate  # noqa: F401
 import datasets  # noqa: F401
+import hypothesis.strategies  # noqa: F401
 import pyarrow  # noqa: F401
 import pytest
 import tokenizers  # noqa: F401
@@ -14,9 +15,18 @@ import torch  # noqa: F401
 import transformers  # noqa: F401
 from transformers import BertForSequenceClassification, PreTrainedTokenizerFast, Trainer  # noqa: F401
 
+import pytest_trainer.stages.labels  # noqa: F401
+import pytest_trainer.stages.lengths  # noqa: F401
+import pytest_trainer.stages.padding  # noqa: F401
+import pytest_trainer.strategies  # noqa: F401
+
 # Imported here, once: pytester's in-process runs forget modules first imported inside them, and
-# libraries with C extensions (torch above all) cannot be imported a second time in one process.
+# libraries with C extensions (torch above all) cannot be imported a second time in one process,
+# nor can two copies of hypothesis's classes meet.
 pytest_plugins = ["pytester"]
+
+#: Every item of a script on one device, in the order the plugin runs them.
+ITEMS = ("dataset", "collate", "forward", "backward", "step", "overfit", "eval", "labels", "lengths", "padding")
 
 #: A module the test scripts import, as a real repository's scripts import their own helpers.
 TINY = '''

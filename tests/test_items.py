@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import GOOD_SCRIPT, failures, outcomes, write
+from conftest import GOOD_SCRIPT, ITEMS, failures, outcomes, write
 
 
 def test_one_item_per_stage_and_device_cpu_first(project: pytest.Pytester) -> None:
@@ -11,7 +11,7 @@ def test_one_item_per_stage_and_device_cpu_first(project: pytest.Pytester) -> No
     write(project, "other.py", GOOD_SCRIPT)
     result = project.runpytest("--trainer-module=train.py", "--trainer-module=other.py", "--collect-only", "-q")
     ids = [line for line in result.outlines if "::" in line]
-    stages = ["dataset", "collate", "forward", "backward", "step", "overfit", "eval"]
+    stages = ITEMS
     expected_cpu = [f"{script}::{stage}[cpu]" for script in ("train.py", "other.py") for stage in stages]
     expected_cuda = [f"{script}::{stage}[cuda]" for script in ("train.py", "other.py") for stage in stages]
     assert ids == expected_cpu + expected_cuda

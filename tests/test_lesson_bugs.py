@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
+from conftest import GOOD_SCRIPT, ITEMS, failures, outcomes, run_script, write
 
 
 def test_correct_script_passes_every_cpu_stage_and_skips_cuda(project: pytest.Pytester) -> None:
@@ -12,7 +12,7 @@ def test_correct_script_passes_every_cpu_stage_and_skips_cuda(project: pytest.Py
     result = project.runpytest("--trainer-module=train.py", "-v", "-rs")
     statuses = outcomes(result)
     assert {item for item, outcome in statuses.items() if outcome == "PASSED"} == {
-        f"{stage}[cpu]" for stage in ("dataset", "collate", "forward", "backward", "step", "overfit", "eval")
+        f"{stage}[cpu]" for stage in ITEMS
     }
     assert {outcome for item, outcome in statuses.items() if item.endswith("[cuda]")} == {"SKIPPED"}
     result.stdout.fnmatch_lines(["*SKIPPED*CUDA is not available on this machine*"])

@@ -12,9 +12,12 @@ from conftest import GOOD_SCRIPT, KIND_SCRIPTS, failures, outcomes, run_script, 
 @pytest.mark.parametrize("kind", sorted(KIND_SCRIPTS))
 def test_correct_pipelines_of_every_kind_pass_every_stage(project: pytest.Pytester, kind: str) -> None:
     write(project, "train.py", KIND_SCRIPTS[kind])
-    result = run_script(project)
-    assert set(outcomes(result).values()) == {"PASSED"}
-    assert {"overfit[cpu]", "eval[cpu]"} <= set(outcomes(result))
+    statuses = outcomes(run_script(project))
+    # A language model's labels are token ids: the labels property skips them, with that reason.
+    assert {item: status for item, status in statuses.items() if status != "PASSED"} in (
+        {}, {"labels[cpu]": "SKIPPED"}
+    )
+    assert statuses["overfit[cpu]"] == statuses["eval[cpu]"] == "PASSED"
 
 
 def test_eval_is_skipped_without_an_eval_dataset(project: pytest.Pytester) -> None:

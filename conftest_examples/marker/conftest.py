@@ -35,7 +35,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", VOCAB["[CLS]"]), ("[SEP]", VOCAB["[SEP]"])]
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+        tokenizer_object=core,
+        model_max_length=32,  # the model's positions: truncation=True must cut there
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
     )
 
 

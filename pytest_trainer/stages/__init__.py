@@ -31,10 +31,22 @@ Check = Callable[["Pipeline", str], StageResult]
 
 
 def _checks() -> dict[str, Check]:
-    from pytest_trainer.stages import backward, collate, dataset, evaluation, forward, overfit, step
+    from pytest_trainer.stages import (
+        backward,
+        collate,
+        dataset,
+        evaluation,
+        forward,
+        labels,
+        lengths,
+        overfit,
+        padding,
+        step,
+    )
 
     return {"dataset": dataset.run, "collate": collate.run, "forward": forward.run, "backward": backward.run,
-            "step": step.run, "overfit": overfit.run, "eval": evaluation.run}
+            "step": step.run, "overfit": overfit.run, "eval": evaluation.run, "labels": labels.run,
+            "lengths": lengths.run, "padding": padding.run}
 
 
 class TrainerStage:

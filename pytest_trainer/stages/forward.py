@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.stages import StageResult
@@ -33,6 +33,18 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         result.notes.append(f"loss at init {value:.3f}; a fresh {classes}-class head gives about ln {classes} = "
                             f"{math.log(classes):.3f}")
     return result
+
+
+def has_targets(batch: dict[str, Any], model: Any) -> bool:
+    """Whether the batch supervises any position: a loss over no target is NaN by definition, not a bug."""
+    import torch
+
+    labels = batch.get("labels")
+    if not torch.is_tensor(labels) or labels.dtype.is_floating_point:
+        return True
+    if model_facts.shifts_labels(model) and labels.dim() >= 2:
+        labels = labels[..., 1:]
+    return bool((labels != -100).any())
 
 
 def checked_loss(loss: torch.Tensor | None) -> float:

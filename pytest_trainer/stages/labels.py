@@ -1,0 +1,90 @@
+"""`labels` (property): every value of the label domain is accepted by the model's loss.
+
+The first batches rarely contain every class; a class the split never showed, or a ClassLabel with
+more names than the head has outputs, crashes training much later. Values are drawn from the
+domain, put on real rows, batched by the Trainer's collator and run through the forward pass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import diagnosis, model_facts, strategies
+from pytest_trainer.search import search
+from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.forward import checked_loss, has_targets
+
+if TYPE_CHECKING:
+    from pytest_trainer.pipeline import Pipeline
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    import pytest
+    from hypothesis import strategies as st
+
+    if model_facts.is_language_model(pipeline.model):
+        pytest.skip("a language model's labels are token ids, not classes: the lengths property covers them")
+    domain = strategies.label_domain(pipeline)
+    column = pipeline.label_column(pipeline.training_table())
+    if domain is None or column is None:
+        pytest.skip("the training data has no labels to vary (the collator or the loss makes its own)")
+    check_domain_fits_head(pipeline, domain)
+    model = pipeline.model_on(device)
+    model.eval()
+
+    def accepts(example: tuple[Any, int]) -> None:
+        value, row = example
+        features = pipeline.rows([row])
+        features[0][column] = _relabel(features[0][column], value)
+        batch = pipeline.collate(features, device)
+        try:
+            import torch
+
+            with torch.no_grad():
+                loss, _ = pipeline.loss(model, batch)
+            if has_targets(batch, model):
+                checked_loss(loss)
+        except Exception as error:
+            raise _rejected(pipeline, domain, value, row, error) from error
+
+    search(st.tuples(strategies.label_values(pipeline), strategies.rows(pipeline)), accepts,
+           f"{pipeline.name}::labels[{device}]", pipeline.examples)
+    return StageResult("labels", device, figures={"label_values": float(len(domain.values))})
+
+
+def check_domain_fits_head(pipeline: Pipeline, domain: strategies.LabelDomain) -> None:
+    """Integer class ids of the domain fit the head's width and its id2label."""
+    width = model_facts.class_count(pipeline.model)
+    if width is None or not all(isinstance(value, int) for value in domain.values):
+        return
+    high = max(domain.values)
+    if high >= width:
+        raise diagnosis.labels_beyond_head(min(domain.values), high, width, f", from {domain.source}")
+    id2label = getattr(pipeline.model.config, "id2label", None) or {}
+    if id2label and len(id2label) != width:
+        raise diagnosis.PipelineFailure(
+            f"the model's id2label names {len(id2label)} classes but its head has {width} outputs",
+            f"build the model with num_labels={width} and an id2label of {width} entries (or neither)",
+        )
+
+
+def _relabel(current: Any, value: Any) -> Any:
+    """Put `value` on a sample: every labelled position of a token-level label, or the label itself."""
+    if isinstance(current, list):
+        return [item if item == -100 else value for item in current]
+    return value
+
+
+def _rejected(pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, row: int,
+              error: Exception) -> diagnosis.PipelineFailure:
+    explained = diagnosis.explain(error, pipeline)
+    if explained is not None and "problem_type" in explained.cause:
+        return diagnosis.PipelineFailure(f"label {value!r} (row {row}): {explained.cause}", explained.fix)
+    width = model_facts.class_count(pipeline.model) or getattr(pipeline.model.config, "num_labels", None)
+    message = str(error)
+    return diagnosis.PipelineFailure(
+        f"label {value!r} of the domain {domain.describe()} is rejected by the loss on row {row}: "
+        f"the model's head has {width} outputs ({type(error).__name__}: {message.splitlines()[0] if message else ''})",
+        f"build the model with num_labels={len(domain.values)} (classes 0..{len(domain.values) - 1})"
+        if all(isinstance(v, int) for v in domain.values) else "make the labels fit the model's head",
+    )

@@ -1,0 +1,72 @@
+"""`lengths` (property): real rows at every length the model can take go through collator and forward.
+
+Rows are drawn from the whole split (the longest always in reach) and cut or repeated to one drawn
+length from 1 to the model's position limit, then batched by the Trainer's own collator. Also
+checks that the tokenizer's truncation length fits the model's positions, since a long example
+past them crashes training wherever it sits in the data.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pytest_trainer import diagnosis, model_facts, strategies
+from pytest_trainer.search import search
+from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.forward import checked_loss, has_targets
+
+if TYPE_CHECKING:
+    from pytest_trainer.pipeline import Pipeline
+
+#: A tokenizer's model_max_length at or above this was never set (transformers uses a huge sentinel).
+UNSET_MAX_LENGTH = 10**12
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    import pytest
+    import torch
+
+    model_input = model_facts.main_input(pipeline.model)
+    if not strategies.pa_is_list(pipeline.training_table(), model_input):
+        pytest.skip(f"the training rows have no sequence column {model_input!r} to resize")
+    check_truncation_length(pipeline)
+    model = pipeline.model_on(device)
+    model.eval()
+
+    def fits(example: strategies.ResizedBatch) -> None:
+        try:
+            batch = pipeline.collate(list(example.features), device)
+            with torch.no_grad():
+                loss, _ = pipeline.loss(model, batch)
+            if has_targets(batch, model):
+                checked_loss(loss)
+        except Exception as error:
+            found = diagnosis.explain(error, pipeline)
+            rows = ("row " if len(example.rows) == 1 else "rows ") + ", ".join(map(str, example.rows))
+            text = pipeline.decoded(example.features[0][model_input])
+            first_line = str(error).splitlines()[0] if str(error) else ""
+            cause = found.cause if found else f"{type(error).__name__}: {first_line}"
+            raise diagnosis.PipelineFailure(
+                f"{rows} resized to {example.length} tokens fail: {cause}",
+                found.fix if found else "make the collator and model accept every length up to the model's limit",
+                [f"shortest failing row as text: {text!r}"] if text else [],
+            ) from error
+
+    search(strategies.batches(pipeline), fits, f"{pipeline.name}::lengths[{device}]", pipeline.examples)
+    limit = model_facts.position_limit(pipeline.model)
+    return StageResult("lengths", device, figures={"position_limit": float(limit or 0)})
+
+
+def check_truncation_length(pipeline: Pipeline) -> None:
+    """truncation=True cuts at the tokenizer's model_max_length: it must not exceed the model's positions."""
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    limit = model_facts.position_limit(pipeline.model)
+    cap = getattr(tokenizer, "model_max_length", None)
+    if limit is None or not isinstance(cap, int) or cap <= limit:
+        return
+    shown = "unset" if cap >= UNSET_MAX_LENGTH else str(cap)
+    raise diagnosis.PipelineFailure(
+        f"the tokenizer's model_max_length is {shown} but the model has {limit} positions: truncation=True "
+        f"does not cut long texts to fit, and the first one longer than {limit} tokens crashes training",
+        f"set tokenizer.model_max_length = {limit} (or tokenize with truncation=True, max_length={limit})",
+    )

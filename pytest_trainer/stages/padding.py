@@ -1,0 +1,128 @@
+"""`padding` (property): padding an example inside a batch does not change what the model computes for it.
+
+A real row, cut shorter, is batched by the Trainer's own collator beside a longer row; the padded
+row is then compared, in eval mode, with the same row without its padding (taken from that same
+batch, so any random masking is held fixed). Logits at its real positions and its loss must agree
+within TOLERANCE. Finds a missing attention_mask, labels on padding that are not -100, and a
+padding side that shifts positions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import diagnosis, model_facts, strategies
+from pytest_trainer.search import search
+from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.forward import has_targets
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_trainer.pipeline import Pipeline
+
+#: Largest difference allowed between padded and unpadded outputs, relative to the largest logit (at
+#: least 1): float32 noise between sequence lengths is far below it, leaked padding far above it.
+TOLERANCE = 1e-4
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    import pytest
+
+    model_input = model_facts.main_input(pipeline.model)
+    if not strategies.pa_is_list(pipeline.training_table(), model_input):
+        pytest.skip(f"the training rows have no sequence column {model_input!r} to pad")
+    model = pipeline.model_on(device)
+    model.eval()
+    notes: list[str] = []
+
+    def invariant(example: tuple[int, int, int]) -> None:
+        short, longer, cut = example
+        features = pipeline.rows([short, longer])
+        features[0] = strategies.resize(features[0], cut, pipeline)
+        try:
+            batch = pipeline.collate(features, device)
+        except (ValueError, RuntimeError, TypeError):
+            if not notes:
+                notes.append("the collator does not pad; every training row has the same length")
+            return
+        compare(pipeline, model, batch, model_input, short, cut)
+
+    search(strategies.padding_pairs(pipeline), invariant, f"{pipeline.name}::padding[{device}]", pipeline.examples)
+    return StageResult("padding", device, notes=notes)
+
+
+def compare(pipeline: Pipeline, model: Any, batch: dict[str, Any], model_input: str, row: int, length: int) -> None:
+    import torch
+
+    padded = {key: value[:1] if torch.is_tensor(value) else value for key, value in batch.items()}
+    width = padded[model_input].shape[1]
+    if width == length:
+        return
+    real = _real_positions(padded, model_input, length, pipeline)
+    alone = {
+        key: value[:, real] if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] == width else value
+        for key, value in padded.items()
+    }
+    with torch.no_grad():
+        padded_loss, padded_out = pipeline.loss(model, padded)
+        alone_loss, alone_out = pipeline.loss(model, alone)
+    padded_logits, alone_logits = _logits(padded_out), _logits(alone_out)
+    if padded_logits is not None and alone_logits is not None:
+        if padded_logits.dim() >= 3 and padded_logits.shape[1] == width:
+            padded_logits = padded_logits[:, real]
+        gap = float((padded_logits.float() - alone_logits.float()).abs().max())
+        if gap > TOLERANCE * max(1.0, float(alone_logits.float().abs().max())):
+            raise _changed(pipeline, padded, model_input, row, length, width, f"logits differ by {gap:.3g}")
+    if padded_loss is not None and alone_loss is not None and has_targets(alone, model):
+        gap = abs(float(padded_loss) - float(alone_loss))
+        if gap > TOLERANCE * max(1.0, abs(float(alone_loss))):
+            raise _changed(pipeline, padded, model_input, row, length, width,
+                           f"the loss differs ({float(alone_loss):.5g} alone, {float(padded_loss):.5g} padded)")
+
+
+def _real_positions(padded: dict[str, Any], model_input: str, length: int, pipeline: Pipeline) -> Any:
+    import torch
+
+    mask = padded.get("attention_mask")
+    if mask is not None and int(mask[0].sum()) == length:
+        return mask[0].bool()
+    width = padded[model_input].shape[1]
+    left = getattr(getattr(pipeline.trainer, "processing_class", None), "padding_side", "right") == "left"
+    positions = torch.zeros(width, dtype=torch.bool, device=padded[model_input].device)
+    positions[width - length:] = left
+    positions[:length] = not left
+    return positions
+
+
+def _logits(outputs: Any) -> torch.Tensor | None:
+    if outputs is None:
+        return None
+    logits = outputs.get("logits") if isinstance(outputs, dict) else None
+    return logits
+
+
+def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: int, length: int, width: int,
+             what: str) -> diagnosis.PipelineFailure:
+    text = pipeline.decoded(padded[model_input][0].tolist()[:length] if "attention_mask" in padded else [])
+    where = f"row {row} cut to {length} tokens gives other results alone and padded to {width} beside a longer row"
+    labels = padded.get("labels")
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    if "attention_mask" not in padded:
+        cause, fix = "the batch has no attention_mask, so the model attends to the padding", (
+            "return attention_mask from the tokenizer and keep it through the collator")
+    elif labels is not None and labels.dim() >= 2 and labels.shape[1] == width and bool(
+        (labels[0][padded["attention_mask"][0] == 0] != -100).any()
+    ):
+        pad_labels = sorted({int(v) for v in labels[0][padded["attention_mask"][0] == 0].tolist()})
+        cause, fix = f"labels on padded positions are {pad_labels}, not -100, so the loss counts the padding", (
+            "pad labels with -100 (DataCollatorForTokenClassification and DataCollatorForSeq2Seq do, "
+            "label_pad_token_id=-100)")
+    elif getattr(tokenizer, "padding_side", "right") == "left":
+        cause, fix = "the tokenizer pads on the left, which shifts this model's positions", (
+            "pad on the right for training: tokenizer.padding_side = 'right'")
+    else:
+        cause, fix = "padding changes the model's outputs", (
+            "make padded positions invisible to the model (attention_mask) and to the loss (labels -100)")
+    details = [f"shortest failing row as text: {text!r}"] if text else []
+    return diagnosis.PipelineFailure(f"{where}: {what}; {cause}", fix, details)

@@ -1,0 +1,174 @@
+"""Hypothesis strategies over a Trainer's own data: label values, rows, lengths and padding pairs.
+
+Public, for your own property tests (`from pytest_trainer import strategies`, or the
+`trainer_strategies` fixture). Every strategy draws from the training split as the Trainer feeds
+it, so what it finds is a real row or a real label value, shrunk to the smallest failing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from pytest_trainer import model_facts, tables
+
+if TYPE_CHECKING:
+    from transformers import Trainer
+
+    from pytest_trainer.pipeline import Pipeline
+
+#: Rows always in reach of `rows()`: the longest ones, where length bugs live.
+LONGEST_ROWS = 8
+
+
+@dataclass(frozen=True)
+class LabelDomain:
+    """The label values the pipeline can meet, and where they were read."""
+
+    values: tuple[Any, ...]
+    source: str
+
+    def describe(self) -> str:
+        shown = self.values if len(self.values) <= 6 else (*self.values[:3], "...", *self.values[-2:])
+        return f"{{{', '.join(map(str, shown))}}} ({self.source})"
+
+
+def label_domain(trainer: Trainer | Pipeline) -> LabelDomain | None:
+    """A ClassLabel's classes, else the values seen in the split, else the model's configured labels."""
+    pipeline = _pipeline(trainer)
+    table = pipeline.training_table()
+    column = pipeline.label_column(table)
+    if column is None:
+        return None
+    feature = _feature(pipeline, column)
+    class_names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
+    if class_names:
+        return LabelDomain(tuple(range(len(class_names))), f"the ClassLabel of {column!r}: {len(class_names)} classes")
+    values, _ = tables.flatten(table, column)
+    if values.dtype.kind in "iu":
+        seen = np.unique(values[values != -100])
+        if seen.size:
+            return LabelDomain(tuple(int(value) for value in seen), f"values of {column!r} in the training split")
+    if values.dtype.kind == "f":
+        finite = values[np.isfinite(values)]
+        if finite.size:
+            low, high = float(finite.min()), float(finite.max())
+            return LabelDomain((low, high), f"range of {column!r} in the training split")
+    count = getattr(getattr(pipeline.model, "config", None), "num_labels", None)
+    return LabelDomain(tuple(range(count)), "the model's num_labels") if count else None
+
+
+def label_values(trainer: Trainer | Pipeline) -> st.SearchStrategy[Any]:
+    """Label values of the domain; shrinks towards the smallest."""
+    domain = label_domain(trainer)
+    if domain is None:
+        return st.nothing()
+    if all(isinstance(value, float) for value in domain.values):
+        low, high = domain.values[0], domain.values[-1]
+        return st.floats(low, high, allow_nan=False) if low < high else st.just(low)
+    return st.sampled_from(domain.values)
+
+
+def rows(trainer: Trainer | Pipeline) -> st.SearchStrategy[int]:
+    """Indices of training rows, any of them, with the longest always within reach."""
+    pipeline = _pipeline(trainer)
+    count = pipeline.training_table().num_rows
+    longest = [int(index) for index in np.argsort(-_row_lengths(pipeline), kind="stable")[:LONGEST_ROWS]]
+    return st.one_of(st.sampled_from(longest), st.integers(0, count - 1)) if count else st.nothing()
+
+
+def lengths(trainer: Trainer | Pipeline) -> st.SearchStrategy[int]:
+    """Sequence lengths from 1 to the model's position limit (or twice the longest row without one)."""
+    pipeline = _pipeline(trainer)
+    limit = model_facts.position_limit(pipeline.model) or 2 * max(int(_row_lengths(pipeline).max(initial=1)), 1)
+    return st.integers(1, limit)
+
+
+@st.composite
+def batches(draw: st.DrawFn, trainer: Trainer | Pipeline, max_rows: int = 2) -> ResizedBatch:
+    """A few real rows, all cut or repeated to one drawn length (so no padding is needed)."""
+    pipeline = _pipeline(trainer)
+    indices = draw(st.lists(rows(pipeline), min_size=1, max_size=max_rows))
+    length = draw(lengths(pipeline))
+    return ResizedBatch(tuple(indices), length, tuple(resize(row, length, pipeline) for row in pipeline.rows(indices)))
+
+
+@dataclass(frozen=True)
+class ResizedBatch:
+    rows: tuple[int, ...]
+    length: int
+    features: tuple[dict[str, Any], ...]
+
+
+@st.composite
+def padding_pairs(draw: st.DrawFn, trainer: Trainer | Pipeline) -> tuple[int, int, int]:
+    """(short row, longer row, short length): the short row, cut to that length, gets padded beside the other."""
+    pipeline = _pipeline(trainer)
+    counts = _row_lengths(pipeline)
+    short = draw(rows(pipeline))
+    longer = draw(rows(pipeline).filter(lambda index: index != short or len(counts) == 1))
+    top = max(int(counts[longer]) - 1, 1)
+    cut = draw(st.integers(1, min(int(counts[short]), top)))
+    return short, longer, cut
+
+
+def resize(row: dict[str, Any], length: int, pipeline: Pipeline) -> dict[str, Any]:
+    """The row with every per-token column cut or repeated to `length` tokens."""
+    model_input = model_facts.main_input(pipeline.model)
+    size = len(row[model_input])
+    return {
+        key: (value * (length // len(value) + 1))[:length] if isinstance(value, list) and len(value) == size else value
+        for key, value in row.items()
+    }
+
+
+def _row_lengths(pipeline: Pipeline) -> np.ndarray:
+    table = pipeline.training_table()
+    column = model_facts.main_input(pipeline.model)
+    if column not in table.column_names or not pa_is_list(table, column):
+        return np.ones(table.num_rows, dtype=np.int64)
+    counts, _ = tables.lengths(table, column)
+    return counts
+
+
+def pa_is_list(table: Any, column: str) -> bool:
+    import pyarrow as pa
+
+    column_type = table.schema.field(column).type
+    return pa.types.is_list(column_type) or pa.types.is_large_list(column_type)
+
+
+def _feature(pipeline: Pipeline, column: str) -> Any:
+    features = getattr(pipeline.trainer.train_dataset, "features", None) or {}
+    return features.get(column) if hasattr(features, "get") else None
+
+
+def _pipeline(trainer: Trainer | Pipeline) -> Pipeline:
+    from pytest_trainer.pipeline import Pipeline
+
+    return trainer if isinstance(trainer, Pipeline) else Pipeline(trainer, type(trainer).__name__)
+
+
+class TrainerStrategies:
+    """This module's strategies with the Trainer already given: what the trainer_strategies fixture returns."""
+
+    def __init__(self, trainer: Trainer | Pipeline) -> None:
+        self._pipeline = _pipeline(trainer)
+
+    def label_values(self) -> st.SearchStrategy[Any]:
+        return label_values(self._pipeline)
+
+    def rows(self) -> st.SearchStrategy[int]:
+        return rows(self._pipeline)
+
+    def lengths(self) -> st.SearchStrategy[int]:
+        return lengths(self._pipeline)
+
+    def batches(self, max_rows: int = 2) -> st.SearchStrategy[ResizedBatch]:
+        return batches(self._pipeline, max_rows)
+
+    def padding_pairs(self) -> st.SearchStrategy[tuple[int, int, int]]:
+        return padding_pairs(self._pipeline)

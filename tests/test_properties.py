@@ -1,0 +1,144 @@
+"""The hypothesis property items find label, length and padding bugs, shrunk, without false alarms."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from conftest import GOOD_SCRIPT, KIND_SCRIPTS, failures, outcomes, run_script, write
+
+PROPERTIES = "--trainer-stages=labels,lengths,padding"
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_SCRIPTS))
+def test_no_false_alarm_on_correct_pipelines(project: pytest.Pytester, kind: str) -> None:
+    write(project, "train.py", KIND_SCRIPTS[kind])
+    result = run_script(project, PROPERTIES)
+    assert failures(result) == []
+    assert outcomes(result)["padding[cpu]"] == "PASSED"
+    assert outcomes(result)["lengths[cpu]"] == "PASSED"
+
+
+def test_class_the_split_never_shows_fails_labels(project: pytest.Pytester) -> None:
+    # The ClassLabel names three classes, the rows only use 0 and 1, the head has 2 outputs:
+    # the dataset stage sees nothing wrong, but the third class would crash training when it appears.
+    write(project, "train.py", GOOD_SCRIPT.replace(
+        "data = tiny.tokenized(tiny.text_dataset(), tok)",
+        "from datasets import ClassLabel\n"
+        "    data = tiny.tokenized(tiny.text_dataset(classes=2), tok)\n"
+        "    data = data.cast_column('label', ClassLabel(names=['entailment', 'neutral', 'contradiction']))",
+    ).replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
+    result = run_script(project, "--trainer-stages=dataset,labels")
+    assert outcomes(result) == {"dataset[cpu]": "PASSED", "labels[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines([
+        "labels[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs, from the ClassLabel of "
+        "'label': 3 classes*",
+        "*fix: pass num_labels=3*",
+    ])
+
+
+def test_class_ids_for_a_multi_label_head_are_explained(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace(
+        "tiny.classifier()", "tiny.classifier(problem_type='multi_label_classification')"))
+    result = run_script(project)
+    assert failures(result) == ["forward[cpu]"]
+    result.stdout.fnmatch_lines([
+        "forward[[]cpu[]] failed: the labels do not fit the model's loss for "
+        "problem_type='multi_label_classification' with num_labels=3: *",
+        "*fix: *multi-label classification takes float multi-hot rows of width 3*",
+    ])
+
+
+def test_tokenizer_that_does_not_truncate_to_the_positions_fails_lengths(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace("tok = tiny.tokenizer()",
+                                                   "tok = tiny.tokenizer()\n    tok.model_max_length = 512"))
+    result = run_script(project, "--trainer-stages=dataset,lengths")
+    assert outcomes(result) == {"dataset[cpu]": "PASSED", "lengths[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines([
+        "lengths[[]cpu[]] failed: the tokenizer's model_max_length is 512 but the model has 64 positions*",
+        "*fix: set tokenizer.model_max_length = 64*",
+    ])
+
+
+def test_collator_that_breaks_on_short_rows_fails_lengths_with_the_shortest(project: pytest.Pytester) -> None:
+    write(project, "train.py", textwrap.dedent(GOOD_SCRIPT).replace(
+        "trainer = Trainer(", "from transformers import DataCollatorWithPadding\n"
+        "class NeedsThreeTokens(DataCollatorWithPadding):\n"
+        "    def __call__(self, features):\n"
+        "        batch = super().__call__(features)\n"
+        "        batch['input_ids'][:, 2]  # reads the third token of every row\n"
+        "        return batch\n"
+        "trainer = Trainer(data_collator=NeedsThreeTokens(tok), "))
+    result = run_script(project, "--trainer-stages=lengths")
+    assert failures(result) == ["lengths[cpu]"]
+    result.stdout.fnmatch_lines(["lengths[[]cpu[]] failed: row* resized to 1 tokens fail: IndexError: *",
+                                 "*shortest failing row as text: '[[]CLS[]]'*"])
+
+
+def test_missing_attention_mask_fails_padding(project: pytest.Pytester) -> None:
+    # Weights of a realistic scale: with BERT's 0.02 init a tiny model barely reacts to anything.
+    write(project, "train.py", GOOD_SCRIPT.replace(
+        "data = tiny.tokenized(tiny.text_dataset(), tok)",
+        "tok.model_input_names = ['input_ids']\n    data = tiny.tokenized(tiny.text_dataset(), tok)",
+    ).replace("tiny.classifier()", "tiny.classifier(initializer_range=0.5)"))
+    result = run_script(project, PROPERTIES)
+    assert failures(result) == ["padding[cpu]"]
+    result.stdout.fnmatch_lines([
+        "padding[[]cpu[]] failed: row * cut to * tokens gives other results alone and padded to * beside a longer "
+        "row: logits differ by *; the batch has no attention_mask, so the model attends to the padding*",
+        "*fix: return attention_mask from the tokenizer*",
+    ])
+
+
+def test_token_labels_padded_with_zero_fail_padding(project: pytest.Pytester) -> None:
+    write(project, "train.py", KIND_SCRIPTS["token-classification"].replace(
+        "DataCollatorForTokenClassification(tok)", "DataCollatorForTokenClassification(tok, label_pad_token_id=0)"))
+    result = run_script(project, PROPERTIES)
+    assert failures(result) == ["padding[cpu]"]
+    result.stdout.fnmatch_lines([
+        "padding[[]cpu[]] failed: *: the loss differs (*); labels on padded positions are [[]0[]], not -100*",
+        "*fix: pad labels with -100*",
+    ])
+
+
+def test_left_padding_on_a_causal_model_fails_padding(project: pytest.Pytester) -> None:
+    write(project, "train.py", KIND_SCRIPTS["causal-lm"].replace(
+        "tok = tiny.tokenizer()", "tok = tiny.tokenizer()\n        tok.padding_side = 'left'"))
+    result = run_script(project, PROPERTIES)
+    assert failures(result) == ["padding[cpu]"]
+    result.stdout.fnmatch_lines(["*the tokenizer pads on the left, which shifts this model's positions*",
+                                 "*fix: pad on the right for training*"])
+
+
+def test_examples_option_and_strategies_fixture(project: pytest.Pytester) -> None:
+    write(project, "conftest.py", """
+        import pytest
+        import tiny
+        from transformers import Trainer, TrainingArguments
+
+        @pytest.fixture(scope="session")
+        def trainer(tmp_path_factory):
+            tok = tiny.tokenizer()
+            args = TrainingArguments(output_dir=str(tmp_path_factory.mktemp("out")), per_device_train_batch_size=8)
+            return Trainer(model=tiny.classifier(), args=args, processing_class=tok,
+                           train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+    """)
+    write(project, "test_own.py", """
+        import pytest
+        from hypothesis import given, settings
+
+        @pytest.mark.trainer_pipeline(stages=["forward"], devices=["cpu"])
+        def test_my_property(trainer_strategies, trainer):
+            @settings(max_examples=10, deadline=None)
+            @given(trainer_strategies.label_values(), trainer_strategies.rows())
+            def labels_and_rows_are_real(label, row):
+                assert label in (0, 1, 2)
+                assert 0 <= row < len(trainer.train_dataset)
+
+            labels_and_rows_are_real()
+    """)
+    project.runpytest("--trainer-examples=5").assert_outcomes(passed=1)
+    bad = project.runpytest("--trainer-examples=zero")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--trainer-examples on the command line: 'zero' is not a positive whole number*"])
