@@ -15,9 +15,9 @@ import torch  # noqa: F401
 import transformers  # noqa: F401
 from transformers import BertForSequenceClassification, PreTrainedTokenizerFast, Trainer  # noqa: F401
 
-import pytest_trainer.stages.labels  # noqa: F401
-import pytest_trainer.stages.lengths  # noqa: F401
-import pytest_trainer.stages.padding  # noqa: F401
+import pytest_trainer.stages.labels
+import pytest_trainer.stages.lengths
+import pytest_trainer.stages.padding
 import pytest_trainer.strategies  # noqa: F401
 
 # Imported here, once: pytester's in-process runs forget modules first imported inside them, and

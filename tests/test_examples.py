@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import ITEMS, failures, outcomes
 
 EXAMPLES = Path(__file__).parent.parent / "conftest_examples"

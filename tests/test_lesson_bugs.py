@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import GOOD_SCRIPT, ITEMS, failures, outcomes, run_script, write
 
 

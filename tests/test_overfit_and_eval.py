@@ -5,7 +5,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
 from conftest import GOOD_SCRIPT, KIND_SCRIPTS, failures, outcomes, run_script, write
 
 
