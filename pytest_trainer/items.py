@@ -48,12 +48,20 @@ class StageItem(pytest.Function):
             return super().repr_failure(excinfo)
         text = f"{self.step.name} failed: {error.render()}"
         if error.__cause__ is not None:
-            text += "\n\noriginal error:\n" + original_error(error.__cause__)
+            script = error.script if isinstance(error, ScriptError) else None
+            text += "\n\noriginal error:\n" + original_error(error.__cause__, script)
         return text
 
 
-def original_error(error: BaseException) -> str:
-    """The library's own exception, short, with the plumbing frames left out."""
+def original_error(error: BaseException, script: Any = None) -> str:
+    """The library's own exception, short, without plumbing frames; under a script, its own frames first."""
     info = pytest.ExceptionInfo.from_exception(error)
-    info.traceback = info.traceback.filter(lambda entry: not any(part in str(entry.path) for part in _PLUMBING))
-    return str(info.getrepr(style="short", chain=False))
+    entries = info.traceback.filter(lambda entry: not any(part in str(entry.path) for part in _PLUMBING))
+    folded = 0
+    if script is not None and len(entries) > 1:
+        kept = [entry for entry in entries[:-1] if str(entry.path) == str(script)] + [entries[-1]]
+        folded = len(entries) - len(kept)
+        entries = type(entries)(kept)
+    info.traceback = entries
+    text = str(info.getrepr(style="short", chain=False))
+    return text + (f"\n({folded} library frames folded; --fulltrace shows them)" if folded else "")

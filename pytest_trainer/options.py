@@ -17,6 +17,7 @@ from pytest_trainer.plan import DEVICES, STAGES
 #: Defaults of --trainer-overfit-steps and --trainer-examples (kept here: reading options imports no torch).
 OVERFIT_STEPS = 150
 EXAMPLES = 20
+TIMEOUT = 600.0
 
 MODULE_HELP = (
     "training script whose Trainer is tested stage by stage (repeatable). "
@@ -32,6 +33,14 @@ DEVICES_HELP = f"comma-separated devices to run on (default: {', '.join(DEVICES)
 OVERFIT_STEPS_HELP = (
     "most optimizer steps the overfit stage takes on one batch; it stops as soon as the loss has fallen "
     "by one percent (default: 150)."
+)
+TIMEOUT_HELP = (
+    "seconds the script may take to build its Trainer, and each stage to run, before it fails as hung "
+    "(default: 600; 0 for no limit)."
+)
+SAMPLE_HELP = (
+    "rows kept of every split that datasets.load_dataset returns to the script, before it maps them "
+    "(default: 256; 0 keeps every row)."
 )
 EXAMPLES_HELP = (
     "hypothesis examples per property item (labels, lengths, padding); derandomized when the CI "
@@ -53,6 +62,7 @@ def register(parser: pytest.Parser) -> None:
     group.addoption("--trainer-devices", metavar="DEVICES", help=DEVICES_HELP)
     group.addoption("--trainer-overfit-steps", metavar="N", help=OVERFIT_STEPS_HELP)
     group.addoption("--trainer-examples", metavar="N", help=EXAMPLES_HELP)
+    group.addoption("--trainer-timeout", metavar="SECONDS", help=TIMEOUT_HELP)
     parser.addini("trainer_module", type="paths", default=[], help=MODULE_HELP)
     parser.addini("trainer_args", type="string", default="", help=ARGS_HELP)
     parser.addini("trainer_factory", type="string", default="", help=FACTORY_HELP)
@@ -60,6 +70,7 @@ def register(parser: pytest.Parser) -> None:
     parser.addini("trainer_devices", type="string", default="", help=DEVICES_HELP)
     parser.addini("trainer_overfit_steps", type="string", default="", help=OVERFIT_STEPS_HELP)
     parser.addini("trainer_examples", type="string", default="", help=EXAMPLES_HELP)
+    parser.addini("trainer_timeout", type="string", default="", help=TIMEOUT_HELP)
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class Settings:
     devices: tuple[str, ...]
     overfit_steps: int
     examples: int
+    timeout: float
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -92,6 +104,7 @@ def resolve(config: pytest.Config) -> Settings:
         devices=_choices(config, "trainer_devices", DEVICES),
         overfit_steps=_positive(config, "trainer_overfit_steps", OVERFIT_STEPS),
         examples=_positive(config, "trainer_examples", EXAMPLES),
+        timeout=_seconds(config, "trainer_timeout", TIMEOUT),
     )
 
 
@@ -114,6 +127,19 @@ def _positive(config: pytest.Config, name: str, default: int) -> int:
         value = 0
     if value < 1:
         raise pytest.UsageError(f"{source}: {raw!r} is not a positive whole number")
+    return value
+
+
+def _seconds(config: pytest.Config, name: str, default: float) -> float:
+    raw, source = _pick(config, name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise pytest.UsageError(f"{source}: {raw!r} is not a number of seconds (0 for no limit)")
     return value
 
 

@@ -36,11 +36,14 @@ class Split(NamedTuple):
 
 
 class Pipeline:
-    def __init__(self, trainer: Trainer, name: str, overfit_steps: int = 150, examples: int = 20) -> None:
+    def __init__(
+        self, trainer: Trainer, name: str, overfit_steps: int = 150, examples: int = 20, timeout: float = 0
+    ) -> None:
         self.trainer = trainer
         self.name = name
         self.overfit_steps = overfit_steps
         self.examples = examples
+        self.timeout = timeout
         self._tables: dict[str, pa.Table] = {}
         self._batch: dict[str, Any] | None = None
         self._cpu_replica: torch.nn.Module | None = None

@@ -40,14 +40,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", options.MARKER_LINE)
     settings = options.resolve(config)
     config.stash[_SESSION] = TrainerSession(settings)
-    for script in settings.modules:
-        if not script.is_file():
-            raise pytest.UsageError(f"--trainer-module / trainer_module: {script} does not exist")
     if config.getoption("trainer_module") and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = []  # `pytest --trainer-module=train.py` alone tests the script, not testpaths too
     for script in settings.modules:
-        if all(Path(arg.split("::")[0]).resolve() != script for arg in config.args):
+        if script.is_file() and all(Path(arg.split("::")[0]).resolve() != script for arg in config.args):
             config.args.append(str(script))  # so it is collected even outside the folders pytest walks
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(), "trainer-xdist")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -92,9 +91,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("_trainer_step", steps, ids=[step.marker_id for step in steps], indirect=True)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    for script in session_of(config).settings.modules:
+        if not script.is_file():  # its items fail with the reason, and the other scripts still run
+            items.extend(TrainerScript.from_parent(session, path=script).collect())
     steps = {id(item): step for item in items if (step := _step_of(item)) is not None}
     items[:] = cpu_first(items, steps)
+
+
+class XdistHooks:
+    """Registered only with pytest-xdist: every item of one script runs on one worker, which loads it once."""
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        # loadfile sends all items of a file, hence of a script, to one worker. (loadgroup would need
+        # node-id rewriting that pytest 9.2 ignores: pytest-xdist issue 1386.)
+        if getattr(config.option, "dist", "no") == "load" and session_of(config).settings.modules:
+            config.option.dist = "loadfile"
 
 
 @pytest.hookimpl(wrapper=True)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_trainer.loading import ScriptError, load_trainer
 from pytest_trainer.plan import blocked_by
+from pytest_trainer.timeouts import time_limit
 
 if TYPE_CHECKING:
     from pytest_trainer.options import Settings
@@ -30,8 +31,17 @@ class TrainerSession:
         """The pipeline of a script, which runs once per process however many items use it."""
         if script not in self._scripts:
             output_dir = Path(self._output.name) / f"{len(self._scripts)}-{script.stem}"
+            def hung() -> ScriptError:
+                return ScriptError(
+                    script,
+                    f"the script did not build its Trainer within {self.settings.timeout:g} s",
+                    "look for work before trainer.train() that never ends, cut the data with --trainer-sample, "
+                    "or raise --trainer-timeout",
+                )
+
             try:
-                trainer = load_trainer(script, self.settings.script_args, factory, output_dir)
+                with time_limit(self.settings.timeout, hung):
+                    trainer = load_trainer(script, self.settings.script_args, factory, output_dir)
             except ScriptError as error:
                 self._scripts[script] = error
             else:
@@ -52,7 +62,13 @@ class TrainerSession:
     def _pipeline(self, trainer: Any, name: str) -> Pipeline:
         from pytest_trainer.pipeline import Pipeline
 
-        return Pipeline(trainer, name, overfit_steps=self.settings.overfit_steps, examples=self.settings.examples)
+        return Pipeline(
+            trainer,
+            name,
+            overfit_steps=self.settings.overfit_steps,
+            examples=self.settings.examples,
+            timeout=self.settings.timeout,
+        )
 
     def blocker(self, key: str, device: str, stage: str) -> str | None:
         """Why this stage of this pipeline on this device should not run, or None."""

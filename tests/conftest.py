@@ -193,10 +193,20 @@ def run_script(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-v", "-rs", *args)
 
 
+OUTCOME = "(PASSED|FAILED|SKIPPED|ERROR)"
+ITEM = r"(?:\S*/)?([^/\s]+)::(\S+)"
+#: `train.py::forward[cpu] PASSED`, or under xdist `[gw0] [ 10%] PASSED train.py::forward[cpu]`.
+VERBOSE_LINE = re.compile(rf"^(?:{ITEM} {OUTCOME}|\[gw\d+\] \[\s*\d+%\] {OUTCOME} {ITEM})")
+
+
 def outcomes(result: pytest.RunResult, script: str = "train.py") -> dict[str, str]:
     """`{"forward[cpu]": "PASSED", ...}` for each item of `script` in a verbose run."""
-    found = (re.match(r"^(?:\S*/)?([^/\s]+)::(\S+) (PASSED|FAILED|SKIPPED|ERROR)", line) for line in result.outlines)
-    return {match[2]: match[3] for match in found if match and match[1] == script}
+    found = {}
+    for match in filter(None, map(VERBOSE_LINE.match, result.outlines)):
+        file, item, outcome = match.group(1, 2, 3) if match[1] else match.group(5, 6, 4)
+        if file == script:
+            found[item] = outcome
+    return found
 
 
 def failures(result: pytest.RunResult, script: str = "train.py") -> list[str]:

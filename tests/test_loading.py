@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
 
@@ -187,7 +189,57 @@ def test_broken_script_fails_once_with_cause_and_fix(
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
 
 
-def test_missing_script_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("--trainer-module=nowhere.py")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*nowhere.py does not exist*"])
+def test_missing_script_fails_its_items_and_the_others_still_run(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    result = project.runpytest("--trainer-module=nowhere.py", "--trainer-module=train.py", "--trainer-devices=cpu",
+                               "--trainer-stages=dataset,forward", "-v")
+    assert failures(result, "nowhere.py") == ["dataset[cpu]"]
+    assert outcomes(result, "train.py") == {"dataset[cpu]": "PASSED", "forward[cpu]": "PASSED"}
+    result.stdout.fnmatch_lines(["*nowhere.py does not exist*", "*fix: check the path given to --trainer-module*"])
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+
+
+def test_library_frames_under_a_script_error_are_folded(project: pytest.Pytester) -> None:
+    write(project, "train.py", "import tiny\ndata = tiny.text_dataset()\nrows = data['missing_column']\n")
+    result = run_script(project, "--trainer-stages=dataset")
+    result.stdout.fnmatch_lines(["original error:", "train.py:3: in <module>", "*rows = data*",
+                                 "*: in __init__*", "E   ValueError: Column 'missing_column' doesn't exist.",
+                                 "(* library frames folded; --fulltrace shows them)"])
+
+
+def test_a_hung_stage_fails_with_its_name(project: pytest.Pytester) -> None:
+    write(project, "train.py", textwrap.dedent(GOOD_SCRIPT).replace(
+        "trainer = Trainer(", "import time\nfrom transformers import DataCollatorWithPadding\n"
+        "class Stuck(DataCollatorWithPadding):\n"
+        "    def __call__(self, features):\n"
+        "        time.sleep(3600)\n"
+        "trainer = Trainer(data_collator=Stuck(tok), "))
+    result = run_script(project, "--trainer-timeout=2", "--trainer-stages=dataset,collate")
+    assert outcomes(result) == {"dataset[cpu]": "PASSED", "collate[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(["collate[[]cpu[]] failed: collate[[]cpu[]] of train.py did not finish within 2 s*",
+                                 "*fix: *raise --trainer-timeout if it is only slow*"])
+
+
+def test_a_hung_script_fails_with_the_remedy(project: pytest.Pytester) -> None:
+    write(project, "train.py", "import time\ntime.sleep(3600)\n")
+    result = run_script(project, "--trainer-timeout=1", "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*train.py: the script did not build its Trainer within 1 s*",
+                                 "*fix: *--trainer-sample*--trainer-timeout*"])
+
+
+def test_two_scripts_on_two_workers_each_stay_on_one(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    write(project, "other.py", GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
+    args = ("--trainer-module=train.py", "--trainer-module=other.py", "--trainer-devices=cpu",
+            "--trainer-stages=dataset,collate,forward,eval")
+    alone = project.runpytest(*args, "-v")
+    spread = project.runpytest(*args, "-v", "-n", "2")
+    assert outcomes(spread, "train.py") == outcomes(alone, "train.py")
+    assert outcomes(spread, "other.py") == outcomes(alone, "other.py")
+    assert failures(spread, "other.py") == ["dataset[cpu]"]
+    workers = {}
+    for line in spread.outlines:
+        if line.startswith("[gw"):
+            workers.setdefault(line.split()[-1].split("::")[0], set()).add(line.split()[0])
+    assert all(len(used) == 1 for used in workers.values()), workers

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import devices, diagnosis
+from pytest_trainer.timeouts import time_limit
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -78,7 +79,16 @@ class TrainerStage:
         import torch
 
         pipeline = self.pipeline
-        with torch.random.fork_rng(devices=[]):
+        name = f"{self.stage}[{self.device}] of {pipeline.name}"
+
+        def hung() -> diagnosis.PipelineFailure:
+            return diagnosis.PipelineFailure(
+                f"{name} did not finish within {pipeline.timeout:g} s: it hangs or is far slower than it should be",
+                "look for a loop or a blocking call in the collator, the model's forward or compute_loss; "
+                "raise --trainer-timeout if it is only slow",
+            )
+
+        with torch.random.fork_rng(devices=[]), time_limit(pipeline.timeout, hung):
             torch.manual_seed(self.seed)
             if self.device != "cuda":
                 return _explained(_checks()[self.stage], pipeline, self.device)
