@@ -21,6 +21,7 @@ import types
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
@@ -49,26 +50,50 @@ class _StopScript(BaseException):
 
 
 class _Capture:
-    """Which Trainers the script built and which one it asked to train."""
+    """Which Trainers the script built, which one it asked to train, and how its data was sampled."""
 
     def __init__(self) -> None:
         self.built: list[Trainer] = []
         self.started: Trainer | None = None
+        self.sampled: list[str] = []
 
     @property
     def trainer(self) -> Trainer | None:
         return self.started or (self.built[-1] if self.built else None)
 
 
-def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, output_dir: Path) -> Trainer:
-    """Run `script` (or call its `factory`) and return its Trainer, with all output sent to `output_dir`."""
+@dataclass(frozen=True)
+class Sandbox:
+    """How the script's run is contained and cut down."""
+
+    output_dir: Path
+    #: Rows kept of each split that datasets.load_dataset returns (0 keeps all).
+    sample: int = 0
+    #: per_device_train_batch_size forced on the Trainer (0 keeps the script's).
+    batch_size: int = 0
+
+
+@dataclass(frozen=True)
+class LoadedScript:
+    trainer: Trainer
+    #: What --trainer-sample cut, one line per split, for the report.
+    sampled: tuple[str, ...]
+
+
+def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
+    """Run `script` (or call its `factory`) and return its Trainer, contained by `sandbox`."""
     if not script.is_file():
         raise ScriptError(
             script, f"{script} does not exist", "check the path given to --trainer-module or trainer_module"
         )
     capture = _Capture()
     output = _Tail()
-    with _process_state_restored(script, script_args), _sandboxed_transformers(output_dir, capture), output:
+    with (
+        _process_state_restored(script, script_args),
+        _sandboxed_transformers(sandbox, capture),
+        _sampled_datasets(sandbox.sample, capture),
+        output,
+    ):
         try:
             if factory:
                 _call_factory(script, factory, capture)
@@ -106,7 +131,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         )
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
-    return trainer
+    return LoadedScript(trainer, tuple(capture.sampled))
 
 
 def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
@@ -156,8 +181,8 @@ def _script_frame(script: Path, error: BaseException) -> str | None:
 
 
 @contextmanager
-def _sandboxed_transformers(output_dir: Path, capture: _Capture) -> Iterator[None]:
-    """Point every TrainingArguments at `output_dir`, record each Trainer, stop at the first train()."""
+def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[None]:
+    """Point every TrainingArguments at the sandbox, record each Trainer, stop at the first train()."""
     from transformers import Trainer, TrainingArguments
 
     original_post_init = TrainingArguments.__post_init__
@@ -165,12 +190,12 @@ def _sandboxed_transformers(output_dir: Path, capture: _Capture) -> Iterator[Non
 
     def post_init(self: Any) -> None:
         original_post_init(self)
-        sandbox_arguments(self, output_dir)
+        sandbox_arguments(self, sandbox)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         arguments = kwargs.get("args", args[1] if len(args) > 1 else None)
         if arguments is not None:  # the script may have changed them after they were built
-            sandbox_arguments(arguments, output_dir)
+            sandbox_arguments(arguments, sandbox)
         original_init(self, *args, **kwargs)
         capture.built.append(self)
         for name in STOP_METHODS:  # also stops subclasses that override train() without super()
@@ -188,16 +213,50 @@ def _sandboxed_transformers(output_dir: Path, capture: _Capture) -> Iterator[Non
         yield
 
 
-def sandbox_arguments(args: Any, output_dir: Path) -> None:
+def sandbox_arguments(args: Any, sandbox: Sandbox) -> None:
     """Make training arguments harmless: no user folder, no reporting, no hub, no worker processes."""
-    args.output_dir = str(output_dir)
+    args.output_dir = str(sandbox.output_dir)
     if hasattr(args, "logging_dir"):
-        args.logging_dir = str(output_dir / "logs")
+        args.logging_dir = str(sandbox.output_dir / "logs")
+    if sandbox.batch_size:
+        args.per_device_train_batch_size = sandbox.batch_size
     args.report_to = []
     args.push_to_hub = False
     args.dataloader_num_workers = 0
     args.dataloader_persistent_workers = False
     args.dataloader_pin_memory = False
+
+
+@contextmanager
+def _sampled_datasets(rows: int, capture: _Capture) -> Iterator[None]:
+    """Cut every split that datasets.load_dataset returns to `rows`, before the script maps it."""
+    import datasets
+
+    if rows <= 0:
+        yield
+        return
+    original = datasets.load_dataset
+
+    def load_dataset(*args: Any, **kwargs: Any) -> Any:
+        return _sample(original(*args, **kwargs), rows, capture, str(args[0]) if args else "load_dataset")
+
+    with mock.patch.object(datasets, "load_dataset", load_dataset):
+        yield
+
+
+def _sample(loaded: Any, rows: int, capture: _Capture, source: str, split: str = "") -> Any:
+    import datasets
+
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return type(loaded)({name: _sample(part, rows, capture, source, name) for name, part in loaded.items()})
+    where = f"{source}[{split}]" if split else source
+    if isinstance(loaded, datasets.Dataset) and len(loaded) > rows:
+        capture.sampled.append(f"{where}: first {rows} of {len(loaded)} rows")
+        return loaded.select(range(rows))
+    if isinstance(loaded, datasets.IterableDataset):
+        capture.sampled.append(f"{where}: first {rows} rows of the stream")
+        return loaded.take(rows)
+    return loaded
 
 
 @contextmanager

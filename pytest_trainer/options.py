@@ -18,6 +18,7 @@ from pytest_trainer.plan import DEVICES, STAGES
 OVERFIT_STEPS = 150
 EXAMPLES = 20
 TIMEOUT = 600.0
+SAMPLE = 256
 
 MODULE_HELP = (
     "training script whose Trainer is tested stage by stage (repeatable). "
@@ -42,6 +43,7 @@ SAMPLE_HELP = (
     "rows kept of every split that datasets.load_dataset returns to the script, before it maps them "
     "(default: 256; 0 keeps every row)."
 )
+BATCH_SIZE_HELP = "batch size of the fixed batch the stages use (default: the script's per_device_train_batch_size)."
 EXAMPLES_HELP = (
     "hypothesis examples per property item (labels, lengths, padding); derandomized when the CI "
     "variable is set (default: 20)."
@@ -63,6 +65,8 @@ def register(parser: pytest.Parser) -> None:
     group.addoption("--trainer-overfit-steps", metavar="N", help=OVERFIT_STEPS_HELP)
     group.addoption("--trainer-examples", metavar="N", help=EXAMPLES_HELP)
     group.addoption("--trainer-timeout", metavar="SECONDS", help=TIMEOUT_HELP)
+    group.addoption("--trainer-sample", metavar="N", help=SAMPLE_HELP)
+    group.addoption("--trainer-batch-size", metavar="N", help=BATCH_SIZE_HELP)
     parser.addini("trainer_module", type="paths", default=[], help=MODULE_HELP)
     parser.addini("trainer_args", type="string", default="", help=ARGS_HELP)
     parser.addini("trainer_factory", type="string", default="", help=FACTORY_HELP)
@@ -71,6 +75,8 @@ def register(parser: pytest.Parser) -> None:
     parser.addini("trainer_overfit_steps", type="string", default="", help=OVERFIT_STEPS_HELP)
     parser.addini("trainer_examples", type="string", default="", help=EXAMPLES_HELP)
     parser.addini("trainer_timeout", type="string", default="", help=TIMEOUT_HELP)
+    parser.addini("trainer_sample", type="string", default="", help=SAMPLE_HELP)
+    parser.addini("trainer_batch_size", type="string", default="", help=BATCH_SIZE_HELP)
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class Settings:
     overfit_steps: int
     examples: int
     timeout: float
+    sample: int
+    batch_size: int
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -102,9 +110,11 @@ def resolve(config: pytest.Config) -> Settings:
         factory=factory or None,
         stages=_choices(config, "trainer_stages", STAGES),
         devices=_choices(config, "trainer_devices", DEVICES),
-        overfit_steps=_positive(config, "trainer_overfit_steps", OVERFIT_STEPS),
-        examples=_positive(config, "trainer_examples", EXAMPLES),
+        overfit_steps=_count(config, "trainer_overfit_steps", OVERFIT_STEPS),
+        examples=_count(config, "trainer_examples", EXAMPLES),
         timeout=_seconds(config, "trainer_timeout", TIMEOUT),
+        sample=_count(config, "trainer_sample", SAMPLE, allow_zero=True),
+        batch_size=_count(config, "trainer_batch_size", 0),
     )
 
 
@@ -117,16 +127,17 @@ def _pick(config: pytest.Config, name: str) -> tuple[str | None, str]:
     return (ini_value or None), f"{name} in {config.inipath or 'the ini file'}"
 
 
-def _positive(config: pytest.Config, name: str, default: int) -> int:
+def _count(config: pytest.Config, name: str, default: int, allow_zero: bool = False) -> int:
     raw, source = _pick(config, name)
     if not raw:
         return default
     try:
         value = int(raw)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise pytest.UsageError(f"{source}: {raw!r} is not a positive whole number")
+        value = -1
+    if value < (0 if allow_zero else 1):
+        kind = "a whole number (0 for all)" if allow_zero else "a positive whole number"
+        raise pytest.UsageError(f"{source}: {raw!r} is not {kind}")
     return value
 
 

@@ -44,6 +44,8 @@ class Pipeline:
         self.overfit_steps = overfit_steps
         self.examples = examples
         self.timeout = timeout
+        #: Facts about how the pipeline was loaded, for the report (sampling, say).
+        self.notes: list[str] = []
         self._tables: dict[str, pa.Table] = {}
         self._batch: dict[str, Any] | None = None
         self._cpu_replica: torch.nn.Module | None = None

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer.loading import ScriptError, load_trainer
+from pytest_trainer.loading import Sandbox, ScriptError, load_trainer
 from pytest_trainer.plan import blocked_by
 from pytest_trainer.timeouts import time_limit
 
@@ -30,26 +30,31 @@ class TrainerSession:
     def script_pipeline(self, script: Path, factory: str | None) -> Pipeline:
         """The pipeline of a script, which runs once per process however many items use it."""
         if script not in self._scripts:
-            output_dir = Path(self._output.name) / f"{len(self._scripts)}-{script.stem}"
-            def hung() -> ScriptError:
-                return ScriptError(
-                    script,
-                    f"the script did not build its Trainer within {self.settings.timeout:g} s",
-                    "look for work before trainer.train() that never ends, cut the data with --trainer-sample, "
-                    "or raise --trainer-timeout",
-                )
-
             try:
-                with time_limit(self.settings.timeout, hung):
-                    trainer = load_trainer(script, self.settings.script_args, factory, output_dir)
+                self._scripts[script] = self._load(script, factory)
             except ScriptError as error:
                 self._scripts[script] = error
-            else:
-                self._scripts[script] = self._pipeline(trainer, script.name)
-        loaded = self._scripts[script]
-        if isinstance(loaded, ScriptError):
-            raise loaded
-        return loaded
+        found = self._scripts[script]
+        if isinstance(found, ScriptError):
+            raise found
+        return found
+
+    def _load(self, script: Path, factory: str | None) -> Pipeline:
+        def hung() -> ScriptError:
+            return ScriptError(
+                script,
+                f"the script did not build its Trainer within {self.settings.timeout:g} s",
+                "look for work before trainer.train() that never ends, cut the data with --trainer-sample, "
+                "or raise --trainer-timeout",
+            )
+
+        output_dir = Path(self._output.name) / f"{len(self._scripts)}-{script.stem}"
+        sandbox = Sandbox(output_dir, self.settings.sample, self.settings.batch_size)
+        with time_limit(self.settings.timeout, hung):
+            loaded = load_trainer(script, self.settings.script_args, factory, sandbox)
+        pipeline = self._pipeline(loaded.trainer, script.name)
+        pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
+        return pipeline
 
     def fixture_pipeline(self, trainer: Any, name: str) -> Pipeline:
         """The pipeline of a Trainer made by a `trainer` fixture; kept per Trainer object."""
