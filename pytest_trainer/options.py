@@ -81,16 +81,18 @@ def register(parser: pytest.Parser) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    modules: tuple[Path, ...]
-    script_args: tuple[str, ...]
-    factory: str | None
-    stages: tuple[str, ...]
-    devices: tuple[str, ...]
-    overfit_steps: int
-    examples: int
-    timeout: float
-    sample: int
-    batch_size: int
+    """Every setting, resolved; the defaults are those of a run with no option and no ini key."""
+
+    modules: tuple[Path, ...] = ()
+    script_args: tuple[str, ...] = ()
+    factory: str | None = None
+    stages: tuple[str, ...] = STAGES
+    devices: tuple[str, ...] = DEVICES
+    overfit_steps: int = OVERFIT_STEPS
+    examples: int = EXAMPLES
+    timeout: float = TIMEOUT
+    sample: int = SAMPLE
+    batch_size: int = 0
 
 
 def resolve(config: pytest.Config) -> Settings:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from pytest_trainer import diagnosis, tables
+from pytest_trainer.options import Settings
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,14 +37,10 @@ class Split(NamedTuple):
 
 
 class Pipeline:
-    def __init__(
-        self, trainer: Trainer, name: str, overfit_steps: int = 150, examples: int = 20, timeout: float = 0
-    ) -> None:
+    def __init__(self, trainer: Trainer, name: str, settings: Settings | None = None) -> None:
         self.trainer = trainer
         self.name = name
-        self.overfit_steps = overfit_steps
-        self.examples = examples
-        self.timeout = timeout
+        self.settings = settings or Settings()
         #: Facts about how the pipeline was loaded, for the report (sampling, say).
         self.notes: list[str] = []
         self._tables: dict[str, pa.Table] = {}

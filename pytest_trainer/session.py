@@ -67,13 +67,7 @@ class TrainerSession:
     def _pipeline(self, trainer: Any, name: str) -> Pipeline:
         from pytest_trainer.pipeline import Pipeline
 
-        return Pipeline(
-            trainer,
-            name,
-            overfit_steps=self.settings.overfit_steps,
-            examples=self.settings.examples,
-            timeout=self.settings.timeout,
-        )
+        return Pipeline(trainer, name, self.settings)
 
     def blocker(self, key: str, device: str, stage: str) -> str | None:
         """Why this stage of this pipeline on this device should not run, or None."""

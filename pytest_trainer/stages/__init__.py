@@ -83,12 +83,13 @@ class TrainerStage:
 
         def hung() -> diagnosis.PipelineFailure:
             return diagnosis.PipelineFailure(
-                f"{name} did not finish within {pipeline.timeout:g} s: it hangs or is far slower than it should be",
+                f"{name} did not finish within {pipeline.settings.timeout:g} s: "
+                "it hangs or is far slower than it should be",
                 "look for a loop or a blocking call in the collator, the model's forward or compute_loss; "
                 "raise --trainer-timeout if it is only slow",
             )
 
-        with torch.random.fork_rng(devices=[]), time_limit(pipeline.timeout, hung):
+        with torch.random.fork_rng(devices=[]), time_limit(pipeline.settings.timeout, hung):
             torch.manual_seed(self.seed)
             if self.device != "cuda":
                 return _explained(_checks()[self.stage], pipeline, self.device)

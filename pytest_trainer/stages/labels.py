@@ -48,7 +48,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             raise _rejected(pipeline, domain, value, row, error) from error
 
     search(st.tuples(strategies.label_values(pipeline), strategies.rows(pipeline)), accepts,
-           f"{pipeline.name}::labels[{device}]", pipeline.examples)
+           f"{pipeline.name}::labels[{device}]", pipeline.settings.examples)
     return StageResult("labels", device, figures={"label_values": float(len(domain.values))})
 
 

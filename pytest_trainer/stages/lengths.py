@@ -52,7 +52,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 [f"shortest failing row as text: {text!r}"] if text else [],
             ) from error
 
-    search(strategies.batches(pipeline), fits, f"{pipeline.name}::lengths[{device}]", pipeline.examples)
+    search(strategies.batches(pipeline), fits, f"{pipeline.name}::lengths[{device}]", pipeline.settings.examples)
     limit = model_facts.position_limit(pipeline.model)
     return StageResult("lengths", device, figures={"position_limit": float(limit or 0)})
 

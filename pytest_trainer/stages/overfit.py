@@ -37,7 +37,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     model = pipeline.model_on(device)
     batch = pipeline.batch_on(device)
     result = StageResult("overfit", device, batch=batch)
-    max_steps = pipeline.overfit_steps
+    max_steps = pipeline.settings.overfit_steps
     clip = float(getattr(pipeline.trainer.args, "max_grad_norm", 0) or 0)
     with pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, _):
         peak = max(group.get("initial_lr", group["lr"]) for group in optimizer.param_groups)

@@ -48,7 +48,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             return
         compare(pipeline, model, batch, model_input, short, cut)
 
-    search(strategies.padding_pairs(pipeline), invariant, f"{pipeline.name}::padding[{device}]", pipeline.examples)
+    key = f"{pipeline.name}::padding[{device}]"
+    search(strategies.padding_pairs(pipeline), invariant, key, pipeline.settings.examples)
     return StageResult("padding", device, notes=notes)
 
 

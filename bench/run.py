@@ -1,0 +1,206 @@
+"""Benchmark: does the pytest-trainer suite cost about what a one-step dry run costs?
+
+A pre-merge gate is only used if it is cheap, so the suite is timed against the
+"train one step" dry run a user would otherwise run (bench/dry_run.py), against the
+bare import of torch/transformers/datasets (the floor neither can go under), and the
+dataset stage is timed on 1k vs 100k training rows (``--trainer-sample`` should make
+the stage's cost independent of the data's size once the Arrow cache is warm).
+
+Usage: ``python bench/run.py [--runs N]`` with the project's virtual environment.
+Every command runs as its own subprocess; each repetition runs all of them in turn
+(ABAB..., so drift on a busy machine hits every command alike) and medians are reported.
+Prints a table and writes bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+MNLI = BENCH.parent / "conftest_examples" / "mnli"
+PY = sys.executable
+SUITE, DRY, DS_1K, DS_100K, IMPORTS = (
+    "suite (default CPU)",
+    "dry run (1 train step)",
+    "dataset stage, 1k rows",
+    "dataset stage, 100k rows",
+    "import torch, transformers, datasets",
+)
+# (name of the numerator, name of the denominator, "wall" or "rss", target ratio)
+RATIOS: list[tuple[str, str, str, float]] = [
+    (SUITE, DRY, "wall", 1.5),
+    (DS_100K, DS_1K, "wall", 1.2),
+    (SUITE, DRY, "rss", 1.3),
+]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    argv: list[str]
+
+
+@dataclass(frozen=True)
+class Sample:
+    wall_s: float
+    rss_mib: float
+
+
+def measure(command: Command, cwd: Path, env: dict[str, str], log: Path) -> Sample:
+    """Run one command; wall time from the parent, peak RSS of that child from wait4.
+
+    Popen + os.wait4 rather than subprocess.run: wait4 hands back the child's own
+    rusage, whereas getrusage(RUSAGE_CHILDREN) would mix every child ever reaped.
+    Output goes to a file (no pipe to drain) and is shown only if the command fails.
+    """
+    with log.open("wb") as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(command.argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen consistent
+    if proc.returncode != 0:
+        print(log.read_text(errors="replace"), file=sys.stderr)
+        sys.exit(f"{command.name} exited {proc.returncode}: {' '.join(command.argv)}")
+    return Sample(wall, usage.ru_maxrss / 1024)  # ru_maxrss is KiB on Linux
+
+
+def make_variant(dest: Path, rows: int) -> Path:
+    """Copy the mnli example with train.jsonl repeated to `rows` rows; return its script.
+
+    Only the row count changes (same rows, same validation split), so any difference
+    in the dataset stage's time is the cost of the data's size.
+    """
+    shutil.copytree(MNLI, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    bundled = (MNLI / "data" / "train.jsonl").read_text().splitlines()
+    lines = (bundled[i % len(bundled)] for i in range(rows))
+    (dest / "data" / "train.jsonl").write_text("\n".join(lines) + "\n")
+    return dest / "train.py"
+
+
+def commands(root: Path) -> list[Command]:
+    """The measured commands, in the order each repetition runs them."""
+    pytest = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    stage = ["--trainer-stages=dataset", "--trainer-devices=cpu"]
+    return [
+        Command(SUITE, [*pytest, f"--trainer-module={MNLI / 'train.py'}", "--trainer-devices=cpu"]),
+        Command(DRY, [PY, str(BENCH / "dry_run.py"), str(MNLI / "train.py")]),
+        Command(DS_1K, [*pytest, f"--trainer-module={make_variant(root / 'rows-1k', 1_000)}", *stage]),
+        Command(DS_100K, [*pytest, f"--trainer-module={make_variant(root / 'rows-100k', 100_000)}", *stage]),
+        Command(IMPORTS, [PY, "-c", "import torch, transformers, datasets"]),
+    ]
+
+
+def machine() -> str:
+    """nproc, CPU model and total memory: enough to tell whose numbers these are."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "?")
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+    return f"{len(os.sched_getaffinity(0))} CPUs ({model}), {kib / 1024**2:.1f} GiB memory"
+
+
+def versions() -> str:
+    libs = ["torch", "transformers", "datasets", "pytest", "pytest-trainer"]
+    return ", ".join([f"Python {platform.python_version()}", *(f"{lib} {version(lib)}" for lib in libs)])
+
+
+def value(sample: Sample, metric: str) -> float:
+    return sample.wall_s if metric == "wall" else sample.rss_mib
+
+
+def report(medians: dict[str, Sample], walls: dict[str, list[float]], cmds: list[Command], runs: int) -> str:
+    """RESULTS.md: context, the medians, and each ratio against its target."""
+    rows = [
+        f"| {name} | {s.wall_s:.2f} | {min(walls[name]):.2f}–{max(walls[name]):.2f} | {s.rss_mib:.0f} |"
+        for name, s in medians.items()
+    ]
+    ratio_rows = []
+    for top, bottom, metric, target in RATIOS:
+        ratio = value(medians[top], metric) / value(medians[bottom], metric)
+        verdict = "met" if ratio <= target else "missed"
+        label = "wall" if metric == "wall" else "peak RSS"
+        ratio_rows.append(f"| {top} / {bottom} ({label}) | {ratio:.2f} | ≤ {target} | {verdict} |")
+    shown = [f"- {c.name}: `{' '.join(c.argv)}`" for c in cmds]
+    return "\n".join(
+        [
+            "# Benchmark results",
+            "",
+            f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+            f"- Machine: {machine()}",
+            f"- Versions: {versions()}",
+            f"- Runs: {runs} per command, alternated within each repetition; medians below",
+            "- Caches: one temporary HF_DATASETS_CACHE for the whole run, and one untimed warm-up of"
+            " every command first, so JSON→Arrow preparation is cached (as on a CI runner with a cache)"
+            " and the OS file cache is warm",
+            "- Environment: HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1, PYTHONDONTWRITEBYTECODE=1;"
+            " every command runs in a temporary working directory",
+            "",
+            "| Command | Wall s (median) | Wall s (min–max) | Peak RSS MiB (median) |",
+            "| --- | ---: | ---: | ---: |",
+            *rows,
+            "",
+            "| Ratio | Value | Target | |",
+            "| --- | ---: | ---: | --- |",
+            *ratio_rows,
+            "",
+            "Commands (`<tmp>` paths are the bench run's temporary copies):",
+            "",
+            *shown,
+            "",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Time the pytest-trainer suite against a dry run.")
+    parser.add_argument("--runs", type=int, default=5, help="repetitions of every command (default 5)")
+    runs = parser.parse_args().runs
+    with tempfile.TemporaryDirectory(prefix="pytest-trainer-bench-") as tmp:
+        root = Path(tmp)
+        (cwd := root / "cwd").mkdir()
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_DATASETS_CACHE": str(root / "hf-datasets-cache"),
+            "PYTHONDONTWRITEBYTECODE": "1",  # nothing written into the repo
+        }
+        cmds = commands(root)
+        log = root / "output.log"
+        for cmd in cmds:
+            print(f"warm-up: {cmd.name}", flush=True)
+            measure(cmd, cwd, env, log)
+        samples: dict[str, list[Sample]] = {c.name: [] for c in cmds}
+        for run in range(1, runs + 1):
+            for cmd in cmds:
+                s = measure(cmd, cwd, env, log)
+                samples[cmd.name].append(s)
+                print(f"run {run}/{runs}: {cmd.name}: {s.wall_s:.2f} s, {s.rss_mib:.0f} MiB", flush=True)
+        text = report(
+            {n: Sample(statistics.median(s.wall_s for s in ss), statistics.median(s.rss_mib for s in ss))
+             for n, ss in samples.items()},
+            {n: [s.wall_s for s in ss] for n, ss in samples.items()},
+            cmds,
+            runs,
+        ).replace(tmp, "<tmp>")
+    (BENCH / "RESULTS.md").write_text(text)
+    print()
+    print(text.split("\n\n", 1)[1].split("\nCommands")[0])
+    print(f"written: {BENCH / 'RESULTS.md'}")
+
+
+if __name__ == "__main__":
+    main()
