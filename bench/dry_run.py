@@ -10,12 +10,11 @@ so the script itself is not edited. Outputs go to a temporary directory.
 
 from __future__ import annotations
 
+import runpy
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import runpy
 
 import transformers
 
@@ -23,8 +22,8 @@ import transformers
 def patch_training_arguments(output_dir: str) -> None:
     """Wrap ``TrainingArguments.__post_init__`` so any script trains one step, quietly.
 
-    Set after the original runs, so the script's own validation (e.g. of eval/save
-    strategies) sees the values it asked for and cannot undo ours.
+    Set after the original runs, so its validation (e.g. of eval/save strategies against
+    load_best_model_at_end) sees what the script asked for and cannot undo ours.
     """
     original = transformers.TrainingArguments.__post_init__
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -73,7 +74,7 @@ def measure(command: Command, cwd: Path, env: dict[str, str], log: Path) -> Samp
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen consistent
     if proc.returncode != 0:
         print(log.read_text(errors="replace"), file=sys.stderr)
-        sys.exit(f"{command.name} exited {proc.returncode}: {' '.join(command.argv)}")
+        sys.exit(f"{command.name} exited {proc.returncode}: {shlex.join(command.argv)}")
     return Sample(wall, usage.ru_maxrss / 1024)  # ru_maxrss is KiB on Linux
 
 
@@ -113,8 +114,13 @@ def machine() -> str:
 
 
 def versions() -> str:
+    """Library versions, and the commit measured: the package is installed editable."""
     libs = ["torch", "transformers", "datasets", "pytest", "pytest-trainer"]
-    return ", ".join([f"Python {platform.python_version()}", *(f"{lib} {version(lib)}" for lib in libs)])
+    git = ["git", "-C", str(BENCH.parent)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "pytest_trainer"], capture_output=True, text=True)
+    commit = f"commit {head or '?'}{' + uncommitted changes in pytest_trainer/' if dirty.stdout.strip() else ''}"
+    return ", ".join([f"Python {platform.python_version()}", *(f"{lib} {version(lib)}" for lib in libs), commit])
 
 
 def value(sample: Sample, metric: str) -> float:
@@ -124,7 +130,7 @@ def value(sample: Sample, metric: str) -> float:
 def report(medians: dict[str, Sample], walls: dict[str, list[float]], cmds: list[Command], runs: int) -> str:
     """RESULTS.md: context, the medians, and each ratio against its target."""
     rows = [
-        f"| {name} | {s.wall_s:.2f} | {min(walls[name]):.2f}–{max(walls[name]):.2f} | {s.rss_mib:.0f} |"
+        f"| {name} | {s.wall_s:.2f} | {min(walls[name]):.2f}-{max(walls[name]):.2f} | {s.rss_mib:.0f} |"
         for name, s in medians.items()
     ]
     ratio_rows = []
@@ -132,8 +138,8 @@ def report(medians: dict[str, Sample], walls: dict[str, list[float]], cmds: list
         ratio = value(medians[top], metric) / value(medians[bottom], metric)
         verdict = "met" if ratio <= target else "missed"
         label = "wall" if metric == "wall" else "peak RSS"
-        ratio_rows.append(f"| {top} / {bottom} ({label}) | {ratio:.2f} | ≤ {target} | {verdict} |")
-    shown = [f"- {c.name}: `{' '.join(c.argv)}`" for c in cmds]
+        ratio_rows.append(f"| {top} / {bottom} ({label}) | {ratio:.3f} | ≤ {target} | {verdict} |")
+    shown = [f"- {c.name}: `{shlex.join(c.argv)}`" for c in cmds]
     return "\n".join(
         [
             "# Benchmark results",
@@ -148,7 +154,7 @@ def report(medians: dict[str, Sample], walls: dict[str, list[float]], cmds: list
             "- Environment: HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1, PYTHONDONTWRITEBYTECODE=1;"
             " every command runs in a temporary working directory",
             "",
-            "| Command | Wall s (median) | Wall s (min–max) | Peak RSS MiB (median) |",
+            "| Command | Wall s (median) | Wall s (min-max) | Peak RSS MiB (median) |",
             "| --- | ---: | ---: | ---: |",
             *rows,
             "",
@@ -190,8 +196,10 @@ def main() -> None:
                 samples[cmd.name].append(s)
                 print(f"run {run}/{runs}: {cmd.name}: {s.wall_s:.2f} s, {s.rss_mib:.0f} MiB", flush=True)
         text = report(
-            {n: Sample(statistics.median(s.wall_s for s in ss), statistics.median(s.rss_mib for s in ss))
-             for n, ss in samples.items()},
+            {
+                n: Sample(statistics.median(s.wall_s for s in ss), statistics.median(s.rss_mib for s in ss))
+                for n, ss in samples.items()
+            },
             {n: [s.wall_s for s in ss] for n, ss in samples.items()},
             cmds,
             runs,

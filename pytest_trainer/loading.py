@@ -29,6 +29,8 @@ from unittest import mock
 if TYPE_CHECKING:
     from transformers import Trainer
 
+#: Seed of the random state a script starts from (the script's own set_seed still applies).
+SCRIPT_SEED = 0
 #: Trainer methods that start real work; the first call stops the script.
 STOP_METHODS = ("train", "evaluate", "predict", "hyperparameter_search")
 
@@ -274,6 +276,11 @@ def _process_state_restored(script: Path, script_args: tuple[str, ...]) -> Itera
     saved_levels = [(logger, logger.level) for logger in loggers]
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.parent))
+    # A fresh process would start from the same random state whatever ran before: so does the script,
+    # so a model it builds before seeding anything gets the same weights in every run.
+    random.seed(SCRIPT_SEED)
+    numpy.random.seed(SCRIPT_SEED)
+    torch.manual_seed(SCRIPT_SEED)
     try:
         with warnings.catch_warnings():
             yield

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trainer.plan import DEVICES, STAGES
+from pytest_trainer.plan import BASELINE, DEVICES, STAGES
 
 #: Defaults of --trainer-overfit-steps and --trainer-examples (kept here: reading options imports no torch).
 OVERFIT_STEPS = 150
@@ -33,7 +33,7 @@ STAGES_HELP = f"comma-separated stages to run (default: all of {', '.join(STAGES
 DEVICES_HELP = f"comma-separated devices to run on (default: {', '.join(DEVICES)})."
 OVERFIT_STEPS_HELP = (
     "most optimizer steps the overfit stage takes on one batch; it stops as soon as the loss has fallen "
-    "by one percent (default: 150)."
+    "by a thousandth (default: 150)."
 )
 TIMEOUT_HELP = (
     "seconds the script may take to build its Trainer, and each stage to run, before it fails as hung "
@@ -43,6 +43,12 @@ SAMPLE_HELP = (
     "rows kept of every split that datasets.load_dataset returns to the script, before it maps them "
     "(default: 256; 0 keeps every row)."
 )
+REPORT_HELP = "write a JSON report of every pipeline item (outcome, diagnosis, fix, figures) to this path."
+BASELINE_HELP = (
+    "folder of regression baselines, one text file per script: the first run records the pipeline's key "
+    "figures, later runs fail when one moved (adds the baseline[cpu] item)."
+)
+BASELINE_UPDATE_HELP = "rewrite the baselines with the figures of this run."
 BATCH_SIZE_HELP = "batch size of the fixed batch the stages use (default: the script's per_device_train_batch_size)."
 EXAMPLES_HELP = (
     "hypothesis examples per property item (labels, lengths, padding); derandomized when the CI "
@@ -67,6 +73,9 @@ def register(parser: pytest.Parser) -> None:
     group.addoption("--trainer-timeout", metavar="SECONDS", help=TIMEOUT_HELP)
     group.addoption("--trainer-sample", metavar="N", help=SAMPLE_HELP)
     group.addoption("--trainer-batch-size", metavar="N", help=BATCH_SIZE_HELP)
+    group.addoption("--trainer-report", metavar="PATH", help=REPORT_HELP)
+    group.addoption("--trainer-baseline", metavar="DIR", help=BASELINE_HELP)
+    group.addoption("--trainer-baseline-update", action="store_true", default=False, help=BASELINE_UPDATE_HELP)
     parser.addini("trainer_module", type="paths", default=[], help=MODULE_HELP)
     parser.addini("trainer_args", type="string", default="", help=ARGS_HELP)
     parser.addini("trainer_factory", type="string", default="", help=FACTORY_HELP)
@@ -77,6 +86,8 @@ def register(parser: pytest.Parser) -> None:
     parser.addini("trainer_timeout", type="string", default="", help=TIMEOUT_HELP)
     parser.addini("trainer_sample", type="string", default="", help=SAMPLE_HELP)
     parser.addini("trainer_batch_size", type="string", default="", help=BATCH_SIZE_HELP)
+    parser.addini("trainer_report", type="string", default="", help=REPORT_HELP)
+    parser.addini("trainer_baseline", type="string", default="", help=BASELINE_HELP)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,9 @@ class Settings:
     timeout: float = TIMEOUT
     sample: int = SAMPLE
     batch_size: int = 0
+    report: Path | None = None
+    baseline: Path | None = None
+    baseline_update: bool = False
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -106,17 +120,22 @@ def resolve(config: pytest.Config) -> Settings:
     except ValueError as error:
         raise pytest.UsageError(f"{args_source}: cannot split {args!r} into arguments: {error}") from None
     factory, _ = _pick(config, "trainer_factory")
+    baseline = _path(config, "trainer_baseline")
+    allowed = (*STAGES, BASELINE) if baseline else STAGES
     return Settings(
         modules=tuple(dict.fromkeys(Path(path).resolve() for path in modules)),
         script_args=script_args,
         factory=factory or None,
-        stages=_choices(config, "trainer_stages", STAGES),
+        stages=_choices(config, "trainer_stages", allowed),
         devices=_choices(config, "trainer_devices", DEVICES),
         overfit_steps=_count(config, "trainer_overfit_steps", OVERFIT_STEPS),
         examples=_count(config, "trainer_examples", EXAMPLES),
         timeout=_seconds(config, "trainer_timeout", TIMEOUT),
         sample=_count(config, "trainer_sample", SAMPLE, allow_zero=True),
         batch_size=_count(config, "trainer_batch_size", 0),
+        report=_path(config, "trainer_report"),
+        baseline=baseline,
+        baseline_update=bool(config.getoption("trainer_baseline_update")),
     )
 
 
@@ -141,6 +160,17 @@ def _count(config: pytest.Config, name: str, default: int, allow_zero: bool = Fa
         kind = "a whole number (0 for all)" if allow_zero else "a positive whole number"
         raise pytest.UsageError(f"{source}: {raw!r} is not {kind}")
     return value
+
+
+def _path(config: pytest.Config, name: str) -> Path | None:
+    """A path from the command line (relative to where pytest was started) or the ini file (relative to it)."""
+    value = config.getoption(name)
+    if value:
+        return (config.invocation_params.dir / value).resolve()
+    ini_value = config.getini(name)
+    if ini_value:
+        return ((config.inipath.parent if config.inipath else config.rootpath) / ini_value).resolve()
+    return None
 
 
 def _seconds(config: pytest.Config, name: str, default: float) -> float:

@@ -25,7 +25,10 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "labels": ("forward",),
     "lengths": ("forward",),
     "padding": ("forward",),
+    "baseline": ("overfit",),
 }
+#: Runs only when asked for (--trainer-baseline), on the CPU only, after everything else.
+BASELINE = "baseline"
 #: Devices in run order: every CPU item runs before any CUDA item, so a CUDA crash cannot hide a CPU result.
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
@@ -51,7 +54,7 @@ class Step:
 def blocked_by(failed: str) -> set[str]:
     """Every stage that needs `failed`, directly or through another stage."""
     blocked: set[str] = set()
-    for stage in STAGES:  # pipeline order: a stage's needs come before it
+    for stage in (*STAGES, BASELINE):  # pipeline order: a stage's needs come before it
         if any(need == failed or need in blocked for need in NEEDS.get(stage, ())):
             blocked.add(stage)
     return blocked
@@ -60,7 +63,13 @@ def blocked_by(failed: str) -> set[str]:
 def plan(stages: Iterable[str], devices: Iterable[str]) -> list[Step]:
     """Steps device by device, stages in pipeline order within a device."""
     stage_set, device_set = set(stages), set(devices)
-    return [Step(stage, device) for device in DEVICES if device in device_set for stage in STAGES if stage in stage_set]
+    return [
+        Step(stage, device)
+        for device in DEVICES
+        if device in device_set
+        for stage in (*STAGES, BASELINE)
+        if stage in stage_set and (stage != BASELINE or device == "cpu")
+    ]
 
 
 T = TypeVar("T")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Generator
 from pathlib import Path
@@ -9,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_trainer import devices, options
+from pytest_trainer import devices, options, reporting
+from pytest_trainer.diagnosis import PipelineFailure
 from pytest_trainer.items import StageItem, TrainerScript
 from pytest_trainer.loading import ScriptError
 from pytest_trainer.plan import DEVICES, STAGES, Step, cpu_first
@@ -39,7 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", options.MARKER_LINE)
     settings = options.resolve(config)
-    config.stash[_SESSION] = TrainerSession(settings)
+    config.stash[_SESSION] = TrainerSession(settings, config.rootpath)
     if config.getoption("trainer_module") and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = []  # `pytest --trainer-module=train.py` alone tests the script, not testpaths too
     for script in settings.modules:
@@ -47,6 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.args.append(str(script))  # so it is collected even outside the folders pytest walks
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(), "trainer-xdist")
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(ReportHooks(settings), "trainer-report")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -114,13 +118,43 @@ class XdistHooks:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     step = _step_of(item)
-    if step is not None and report.failed and report.when == "call":
+    if step is None:
+        return report
+    if report.failed and report.when == "call":
         session = session_of(item.config)
         if call.excinfo is not None and call.excinfo.errisinstance(ScriptError):
             session.block(_pipeline_key(item), ALL, ALL, f"not run: the Trainer did not load (see {step.name})")
         else:
             session.block(_pipeline_key(item), step.device, step.stage, f"blocked by {step.name}")
+    report.user_properties.append((reporting.PROPERTY, _facts(item, step, call)))
     return report
+
+
+class ReportHooks:
+    """Registered on the main process only: gathers every item's report (a worker's too) and shows the result."""
+
+    def __init__(self, settings: options.Settings) -> None:
+        self.settings = settings
+        self.report = reporting.PipelineReport()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.report.add(report)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for title, lines in self.report.terminal_sections():
+            terminalreporter.write_sep("-", title)
+            for line in lines:
+                terminalreporter.write_line(line)
+
+    def pytest_sessionfinish(self) -> None:
+        if not self.report.by_script():
+            return
+        if self.settings.report is not None:
+            self.report.write_json(self.settings.report)
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary:
+            with open(step_summary, "a", encoding="utf-8") as summary:
+                summary.write(self.report.markdown())
 
 
 # ---- fixtures -------------------------------------------------------------------------------------
@@ -185,6 +219,29 @@ def trainer_strategies(trainer_stage: TrainerStage) -> Any:
     from pytest_trainer import strategies
 
     return strategies.TrainerStrategies(trainer_stage.pipeline)
+
+
+def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[str, Any]:
+    """What the report needs of this item, in plain values that travel from xdist workers."""
+    facts: dict[str, Any] = {"script": _script_label(item), "stage": step.stage, "device": step.device}
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, (PipelineFailure, ScriptError)):
+        facts.update(diagnosis=error.cause, fix=error.fix)
+    stage = getattr(item, "funcargs", {}).get("trainer_stage")
+    result = getattr(stage, "result", None)
+    if result is not None:
+        facts.update(figures=dict(result.figures), notes=list(result.notes))
+    pipeline = getattr(stage, "__dict__", {}).get("pipeline")  # only when it was loaded
+    if pipeline is not None and pipeline.notes:
+        facts.setdefault("notes", []).extend(pipeline.notes)
+    return facts
+
+
+def _script_label(item: pytest.Item) -> str:
+    """The script's path as pytest shows it, or the marked test for a `trainer` fixture."""
+    if isinstance(item, StageItem) and item.parent is not None:
+        return item.parent.nodeid
+    return f"{item.parent.nodeid if item.parent else ''}::{getattr(item, 'originalname', item.name)}"
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

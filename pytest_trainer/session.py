@@ -19,8 +19,9 @@ ALL = "*"
 
 
 class TrainerSession:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, rootpath: Path) -> None:
         self.settings = settings
+        self.rootpath = rootpath
         self._scripts: dict[Path, Pipeline | ScriptError] = {}
         self._fixture_pipelines: dict[int, tuple[Any, Pipeline]] = {}
         self._blocked: dict[tuple[str, str, str], str] = {}
@@ -52,7 +53,8 @@ class TrainerSession:
         sandbox = Sandbox(output_dir, self.settings.sample, self.settings.batch_size)
         with time_limit(self.settings.timeout, hung):
             loaded = load_trainer(script, self.settings.script_args, factory, sandbox)
-        pipeline = self._pipeline(loaded.trainer, script.name)
+        name = script.relative_to(self.rootpath).as_posix() if script.is_relative_to(self.rootpath) else script.name
+        pipeline = self._pipeline(loaded.trainer, name)
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
         return pipeline
 

@@ -34,6 +34,7 @@ Check = Callable[["Pipeline", str], StageResult]
 def _checks() -> dict[str, Check]:
     from pytest_trainer.stages import (
         backward,
+        baseline,
         collate,
         dataset,
         evaluation,
@@ -47,7 +48,7 @@ def _checks() -> dict[str, Check]:
 
     return {"dataset": dataset.run, "collate": collate.run, "forward": forward.run, "backward": backward.run,
             "step": step.run, "overfit": overfit.run, "eval": evaluation.run, "labels": labels.run,
-            "lengths": lengths.run, "padding": padding.run}
+            "lengths": lengths.run, "padding": padding.run, "baseline": baseline.run}
 
 
 class TrainerStage:
@@ -63,6 +64,8 @@ class TrainerStage:
     ) -> None:
         self._load, self.stage, self.device, self.seed = load, stage, device, seed
         self._on_cuda_broken = on_cuda_broken
+        #: What the last run() produced, for the report.
+        self.result: StageResult | None = None
 
     @functools.cached_property
     def pipeline(self) -> Pipeline:
@@ -92,8 +95,10 @@ class TrainerStage:
         with torch.random.fork_rng(devices=[]), time_limit(pipeline.settings.timeout, hung):
             torch.manual_seed(self.seed)
             if self.device != "cuda":
-                return _explained(_checks()[self.stage], pipeline, self.device)
-            return self._run_on_cuda(pipeline)
+                self.result = _explained(_checks()[self.stage], pipeline, self.device)
+            else:
+                self.result = self._run_on_cuda(pipeline)
+        return self.result
 
     def _run_on_cuda(self, pipeline: Pipeline) -> StageResult:
         __tracebackhide__ = True
