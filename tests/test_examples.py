@@ -43,3 +43,30 @@ def test_marker_example(pytester: pytest.Pytester) -> None:
     shutil.copytree(EXAMPLES / "marker", pytester.path / "marker")
     result = pytester.runpytest("marker", "--strict-markers")
     result.assert_outcomes(passed=11, skipped=11)
+
+
+TASKS = ["regression", "causal_lm", "masked_lm", "token_classification", "custom_trainer"]
+
+
+@pytest.mark.usefixtures("offline")
+def test_every_task_example_passes_its_suite(pytester: pytest.Pytester) -> None:
+    for task in TASKS:
+        shutil.copytree(EXAMPLES / task, pytester.path / task)
+    result = pytester.runpytest(*(f"--trainer-module={task}/train.py" for task in TASKS), "--trainer-devices=cpu",
+                                "-v", "-rs")
+    for task in TASKS:
+        statuses = _outcomes_of(result, f"{task}/train.py")
+        assert {item: status for item, status in statuses.items() if status != "PASSED"} in (
+            {}, {"labels[cpu]": "SKIPPED"}  # a language model's labels are token ids
+        ), (task, statuses)
+        assert len(statuses) == len(ITEMS)
+
+
+def _outcomes_of(result: pytest.RunResult, script: str) -> dict[str, str]:
+    prefix = f"{script}::"
+    found = {}
+    for line in result.outlines:
+        if line.startswith(prefix) and " " in line:
+            item, outcome = line[len(prefix):].split()[:2]
+            found[item] = outcome
+    return found

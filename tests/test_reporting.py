@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
+from conftest import GOOD_SCRIPT, failures, outcomes, write
 
 
 def test_summary_is_one_line_when_everything_passed(project: pytest.Pytester) -> None:
@@ -94,6 +93,6 @@ def test_baseline_round_trip(project: pytest.Pytester) -> None:
 
 def test_baseline_runs_only_when_asked(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
-    result = run_script(project, "--collect-only", "-q")
+    result = project.runpytest("--trainer-module=train.py", "--collect-only", "-q")
     assert not any("::baseline[" in line for line in result.outlines)
     assert any("::overfit[cpu]" in line for line in result.outlines)

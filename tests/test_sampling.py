@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import failures, run_script, write
 
 JSON_SCRIPT = """
