@@ -38,6 +38,9 @@ class StageItem(pytest.Function):
     def __init__(self, *, step: Step, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.step = step
+        parent_id = getattr(self.parent, "id", None)
+        if parent_id is not None:  # pytest 9 node ids are structured: the device is the param, as --lf expects
+            self._id = parent_id.child(step.stage).with_params(step.device)
 
     def reportinfo(self) -> tuple[Any, int, str]:
         return self.path, 0, f"{self.step.name} of {self.path.name}"

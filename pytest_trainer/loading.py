@@ -103,8 +103,10 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
                 runpy.run_path(str(script), run_name="__main__")
         except _StopScript:
             pass
+        except ScriptError:
+            raise
         except SystemExit as exit:
-            raise _exit_error(script, exit, output.lines()) from None
+            raise _exit_error(script, exit, output.lines(), list(script_args)) from None
         except SyntaxError as error:
             where = f"{error.filename}:{error.lineno}" if error.filename else None
             raise ScriptError(script, f"syntax error: {error.msg}", "fix the syntax of the script", where) from error
@@ -158,11 +160,11 @@ def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
     capture.started = made
 
 
-def _exit_error(script: Path, exit: SystemExit, last_lines: list[str]) -> ScriptError:
+def _exit_error(script: Path, exit: SystemExit, last_lines: list[str], given: list[str]) -> ScriptError:
     output = "\n".join(f"    | {line}" for line in last_lines) or "    (no output)"
     if exit.code == 2 and any("usage:" in line or "error:" in line for line in last_lines):
         fix = (
-            "the script's argument parser rejected its arguments: give them with "
+            f"the script's argument parser rejected {given}: give the arguments it needs with "
             '--trainer-args="--name value ..." (or the trainer_args ini key)'
         )
     else:

@@ -83,3 +83,11 @@ def test_loading_the_plugin_imports_no_heavy_library(pytester: pytest.Pytester) 
             assert not heavy
     """)
     pytester.runpytest_subprocess("-p", "no:hypothesispytest").assert_outcomes(passed=1)
+
+
+def test_last_failed_reruns_only_the_failed_items(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
+    project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-stages=dataset,forward")
+    again = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu",
+                              "--trainer-stages=dataset,forward", "--lf", "-v")
+    assert outcomes(again) == {"dataset[cpu]": "FAILED"}

@@ -243,3 +243,18 @@ def test_two_scripts_on_two_workers_each_stay_on_one(project: pytest.Pytester) -
         if line.startswith("[gw"):
             workers.setdefault(line.split()[-1].split("::")[0], set()).add(line.split()[0])
     assert all(len(used) == 1 for used in workers.values()), workers
+
+
+def test_unknown_factory_names_the_functions_there_are(project: pytest.Pytester) -> None:
+    write(project, "train.py", "import tiny\ndef build():\n    pass\n")
+    result = run_script(project, "--trainer-factory=make_trainer", "--trainer-stages=dataset")
+    result.stdout.fnmatch_lines(["dataset[[]cpu[]] failed: train.py: no function 'make_trainer' in the script",
+                                 "  fix: --trainer-factory names one of its functions: build"])
+    result.stdout.no_fnmatch_line("*the script raised ScriptError*")
+
+
+def test_arguments_the_script_rejects_are_named(project: pytest.Pytester) -> None:
+    write(project, "train.py", ARGPARSE_MAIN)
+    result = run_script(project, "--trainer-args=--bogus 1", "--trainer-stages=dataset")
+    result.stdout.fnmatch_lines(["*error: unrecognized arguments: --bogus 1*",
+                                 "*fix: the script's argument parser rejected *'--bogus', '1'*"])

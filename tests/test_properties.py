@@ -141,3 +141,13 @@ def test_examples_option_and_strategies_fixture(project: pytest.Pytester) -> Non
     bad = project.runpytest("--trainer-examples=zero")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--trainer-examples on the command line: 'zero' is not a positive whole number*"])
+
+
+def test_model_and_tokenizer_disagreeing_on_the_pad_token_fail_padding(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(pad_token_id=1)"))
+    result = run_script(project, "--trainer-stages=padding")
+    assert failures(result) == ["padding[cpu]"]
+    result.stdout.fnmatch_lines([
+        "padding[[]cpu[]] failed: the model's config.pad_token_id is 1 but the tokenizer pads with 0*",
+        "*fix: model.config.pad_token_id = tokenizer.pad_token_id*",
+    ])

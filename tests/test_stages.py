@@ -116,3 +116,24 @@ def test_parameters_left_out_of_the_loss_fail_backward(project: pytest.Pytester)
     assert failures(result) == ["backward[cpu]"]
     result.stdout.fnmatch_lines(["*2 of * trainable parameters get no gradient from the loss: unused_head.weight, "
                                  "unused_head.bias*"])
+
+
+def test_token_labels_not_aligned_with_the_tokens_fail_dataset(project: pytest.Pytester) -> None:
+    from conftest import KIND_SCRIPTS
+
+    write(project, "train.py", KIND_SCRIPTS["token-classification"].replace(
+        "for word in encoded.word_ids(i)]", "for word in encoded.word_ids(i)][1:]"))
+    result = run_script(project, "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines([
+        "dataset[[]cpu[]] failed: row 0 of the training dataset has * labels for * tokens*",
+        "*fix: align the labels with the tokens*word_ids()*",
+    ])
+
+
+def test_frozen_model_fix_fits_any_architecture(project: pytest.Pytester) -> None:
+    write(project, "train.py", textwrap.dedent(GOOD_SCRIPT).replace(
+        "trainer = Trainer(model=tiny.classifier()",
+        "model = tiny.classifier()\nmodel.requires_grad_(False)\ntrainer = Trainer(model=model"))
+    result = run_script(project, "--trainer-stages=backward")
+    result.stdout.fnmatch_lines(["*fix: unfreeze what should train, e.g. model.requires_grad_(True)*"])

@@ -24,7 +24,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if not trainable:
         raise diagnosis.PipelineFailure(
             "the model has no trainable parameter: every parameter has requires_grad=False, so nothing can learn",
-            "unfreeze what should train, e.g. for p in model.classifier.parameters(): p.requires_grad = True",
+            "unfreeze what should train, e.g. model.requires_grad_(True), or only the head's parameters",
         )
     with pipeline.weights_kept(model):
         model.train()

@@ -40,7 +40,7 @@ def check_split(pipeline: Pipeline, description: str, dataset: object) -> pa.Tab
     check_finite(description, table)
     check_labels(pipeline, description, table)
     check_tokens(pipeline, description, table)
-    check_special_token_labels(pipeline, description, table)
+    check_token_labels(pipeline, description, table)
     return table
 
 
@@ -187,15 +187,25 @@ def check_finite(description: str, table: pa.Table) -> None:
             )
 
 
-def check_special_token_labels(pipeline: Pipeline, description: str, table: pa.Table) -> None:
-    """In token classification, [CLS], [SEP] and padding must carry -100, or the loss trains on them."""
-    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+def check_token_labels(pipeline: Pipeline, description: str, table: pa.Table) -> None:
+    """In token classification, one label per token, and -100 on [CLS], [SEP] and padding."""
     column = pipeline.label_column(table)
     model_input = model_facts.main_input(pipeline.model)
-    special = getattr(tokenizer, "all_special_ids", None)
-    if tokenizer is None or not special or column is None or not model_facts.is_token_classifier(pipeline.model):
+    if column is None or model_input not in table.column_names or not model_facts.is_token_classifier(pipeline.model):
         return
-    if model_input not in table.column_names:
+    token_counts, _ = tables.lengths(table, model_input)
+    label_counts, _ = tables.lengths(table, column)
+    if token_counts.shape == label_counts.shape and (token_counts != label_counts).any():
+        row = int(np.argmax(token_counts != label_counts))
+        raise diagnosis.PipelineFailure(
+            f"row {row} of the {description} dataset has {label_counts[row]} labels for {token_counts[row]} tokens: "
+            "token-classification labels must be aligned with the tokens, not with the words",
+            "align the labels with the tokens: use encoding.word_ids() to give each token its word's label "
+            "(or -100), as in the token-classification example",
+        )
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    special = getattr(tokenizer, "all_special_ids", None)
+    if tokenizer is None or not special:
         return
     ids, row_of = tables.flatten(table, model_input)
     labels, _ = tables.flatten(table, column)

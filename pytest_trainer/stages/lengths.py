@@ -47,7 +47,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             first_line = str(error).splitlines()[0] if str(error) else ""
             cause = found.cause if found else f"{type(error).__name__}: {first_line}"
             raise diagnosis.PipelineFailure(
-                f"{rows} resized to {example.length} tokens fail: {cause}",
+                f"{rows} resized to {_tokens(example.length)} fail: {cause}",
                 found.fix if found else "make the collator and model accept every length up to the model's limit",
                 [f"shortest failing row as text: {text!r}"] if text else [],
             ) from error
@@ -70,3 +70,7 @@ def check_truncation_length(pipeline: Pipeline) -> None:
         f"does not cut long texts to fit, and the first one longer than {limit} tokens crashes training",
         f"set tokenizer.model_max_length = {limit} (or tokenize with truncation=True, max_length={limit})",
     )
+
+
+def _tokens(count: int) -> str:
+    return f"{count} token" if count == 1 else f"{count} tokens"

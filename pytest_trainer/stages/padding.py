@@ -32,6 +32,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     model_input = model_facts.main_input(pipeline.model)
     if not strategies.pa_is_list(pipeline.training_table(), model_input):
         pytest.skip(f"the training rows have no sequence column {model_input!r} to pad")
+    check_pad_token(pipeline)
     model = pipeline.model_on(device)
     model.eval()
     notes: list[str] = []
@@ -51,6 +52,19 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     key = f"{pipeline.name}::padding[{device}]"
     search(strategies.padding_pairs(pipeline), invariant, key, pipeline.settings.examples)
     return StageResult("padding", device, notes=notes)
+
+
+def check_pad_token(pipeline: Pipeline) -> None:
+    """The model must know the tokenizer's pad id: some models find the end of the text by it."""
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    configured = getattr(getattr(pipeline.model, "config", None), "pad_token_id", None)
+    if isinstance(pad, int) and isinstance(configured, int) and pad != configured:
+        raise diagnosis.PipelineFailure(
+            f"the model's config.pad_token_id is {configured} but the tokenizer pads with {pad}: the model "
+            "takes the padding for text (a GPT-2-style classifier even reads its prediction off a pad token)",
+            "model.config.pad_token_id = tokenizer.pad_token_id before building the Trainer",
+        )
 
 
 def compare(pipeline: Pipeline, model: Any, batch: dict[str, Any], model_input: str, row: int, length: int) -> None:
@@ -106,7 +120,8 @@ def _logits(outputs: Any) -> torch.Tensor | None:
 def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: int, length: int, width: int,
              what: str) -> diagnosis.PipelineFailure:
     text = pipeline.decoded(padded[model_input][0].tolist()[:length] if "attention_mask" in padded else [])
-    where = f"row {row} cut to {length} tokens gives other results alone and padded to {width} beside a longer row"
+    cut = f"{length} token" if length == 1 else f"{length} tokens"
+    where = f"row {row} cut to {cut} gives other results alone and padded to {width} beside a longer row"
     labels = padded.get("labels")
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
     if "attention_mask" not in padded:
