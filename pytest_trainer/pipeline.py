@@ -46,6 +46,7 @@ class Pipeline:
         self._tables: dict[str, pa.Table] = {}
         self._batch: dict[str, Any] | None = None
         self._cpu_replica: torch.nn.Module | None = None
+        self._pristine: dict[int, dict[str, torch.Tensor]] = {}
 
     # ---- data -----------------------------------------------------------------------------
 
@@ -156,8 +157,15 @@ class Pipeline:
 
     @contextmanager
     def weights_kept(self, model: torch.nn.Module) -> Iterator[None]:
-        """Run a block that trains `model`, then put its weights, buffers and mode back and drop its gradients."""
-        saved = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+        """Run a block that trains `model`, then put its weights, buffers and mode back and drop its gradients.
+
+        The weights are copied once per model: every stage starts from them and puts them back.
+        """
+        saved = self._pristine.get(id(model))
+        if saved is None:
+            saved = self._pristine[id(model)] = {
+                name: tensor.detach().clone() for name, tensor in model.state_dict().items()
+            }
         was_training = model.training
         try:
             yield

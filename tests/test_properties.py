@@ -71,7 +71,7 @@ def test_collator_that_breaks_on_short_rows_fails_lengths_with_the_shortest(proj
         "trainer = Trainer(data_collator=NeedsThreeTokens(tok), "))
     result = run_script(project, "--trainer-stages=lengths")
     assert failures(result) == ["lengths[cpu]"]
-    result.stdout.fnmatch_lines(["lengths[[]cpu[]] failed: row* resized to 1 tokens fail: IndexError: *",
+    result.stdout.fnmatch_lines(["lengths[[]cpu[]] failed: row* resized to 1 token fail: IndexError: *",
                                  "*shortest failing row as text: '[[]CLS[]]'*"])
 
 
@@ -84,7 +84,7 @@ def test_missing_attention_mask_fails_padding(project: pytest.Pytester) -> None:
     result = run_script(project, PROPERTIES)
     assert failures(result) == ["padding[cpu]"]
     result.stdout.fnmatch_lines([
-        "padding[[]cpu[]] failed: row * cut to * tokens gives other results alone and padded to * beside a longer "
+        "padding[[]cpu[]] failed: row * cut to * token* gives other results alone and padded to * beside a longer "
         "row: logits differ by *; the batch has no attention_mask, so the model attends to the padding*",
         "*fix: return attention_mask from the tokenizer*",
     ])

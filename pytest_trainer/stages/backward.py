@@ -38,8 +38,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 "numpy in between, and return that tensor from compute_loss",
             )
         loss.backward()
-        gradients = {name: parameter.grad.detach().clone() for name, parameter in trainable
-                     if parameter.grad is not None}
+        # Kept by reference: weights_kept() only unhooks them from the parameters, so no copy is needed.
+        gradients = {name: parameter.grad.detach() for name, parameter in trainable if parameter.grad is not None}
     missing = [name for name, _ in trainable if name not in gradients]
     if missing:
         raise diagnosis.PipelineFailure(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from pytest_trainer import diagnosis
 from pytest_trainer.stages import StageResult
 from pytest_trainer.stages.forward import checked_loss
+from pytest_trainer.stages.overfit import fingerprints
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -31,7 +32,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 group["lr"] = group.get("initial_lr", group["lr"])
             result.notes.append(f"the schedule starts at 0 (warmup); the step used the peak learning rate {peak:g}")
         trainable = {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
-        before = {name: parameter.detach().clone() for name, parameter in trainable.items()}
+        before = dict(zip(trainable, fingerprints(list(trainable.values())), strict=True))
         model.train()
         optimizer.zero_grad(set_to_none=True)
         loss, _ = pipeline.loss(model, batch)
@@ -40,7 +41,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
-        changed = [name for name, parameter in trainable.items() if not torch.equal(before[name], parameter.detach())]
+        after = dict(zip(trainable, fingerprints(list(trainable.values())), strict=True))
+        changed = [name for name in trainable if after[name] != before[name]]
         broken = [name for name, parameter in trainable.items() if not torch.isfinite(parameter.detach()).all()]
     if not changed:
         raise diagnosis.PipelineFailure(
