@@ -86,10 +86,11 @@ class Pipeline:
 
     def collate(self, features: list[dict[str, Any]], device: str) -> dict[str, Any]:
         """A batch made by the Trainer's own collator, on `device`."""
+        import datasets
         import torch
 
         collator = self.trainer.data_collator
-        if not isinstance(self.trainer.train_dataset, __import__("datasets").Dataset):
+        if not isinstance(self.trainer.train_dataset, datasets.Dataset):
             collator = self.trainer._get_collator_with_removed_columns(collator, description="training")
         batch = collator(features)
         return {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}

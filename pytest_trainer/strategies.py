@@ -125,20 +125,22 @@ def resize(row: dict[str, Any], length: int, pipeline: Pipeline) -> dict[str, An
     }
 
 
+def require_sequences(pipeline: Pipeline, purpose: str) -> None:
+    """Skip a property that needs token sequences when the training rows have none."""
+    import pytest
+
+    model_input = model_facts.main_input(pipeline.model)
+    if not tables.is_list(pipeline.training_table().schema.field(model_input).type):
+        pytest.skip(f"the training rows have no sequence column {model_input!r} to {purpose}")
+
+
 def _row_lengths(pipeline: Pipeline) -> np.ndarray:
     table = pipeline.training_table()
     column = model_facts.main_input(pipeline.model)
-    if column not in table.column_names or not pa_is_list(table, column):
+    if column not in table.column_names or not tables.is_list(table.schema.field(column).type):
         return np.ones(table.num_rows, dtype=np.int64)
     counts, _ = tables.lengths(table, column)
     return counts
-
-
-def pa_is_list(table: Any, column: str) -> bool:
-    import pyarrow as pa
-
-    column_type = table.schema.field(column).type
-    return pa.types.is_list(column_type) or pa.types.is_large_list(column_type)
 
 
 def _feature(pipeline: Pipeline, column: str) -> Any:

@@ -32,6 +32,10 @@ def _plain(row: Any) -> dict[str, Any]:
     return {key: value.tolist() if hasattr(value, "tolist") else value for key, value in dict(row).items()}
 
 
+def is_list(column_type: pa.DataType) -> bool:
+    return pa.types.is_list(column_type) or pa.types.is_large_list(column_type)
+
+
 def is_text(column_type: pa.DataType) -> bool:
     while pa.types.is_list(column_type) or pa.types.is_large_list(column_type):
         column_type = column_type.value_type

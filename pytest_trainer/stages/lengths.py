@@ -23,12 +23,10 @@ UNSET_MAX_LENGTH = 10**12
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import pytest
     import torch
 
     model_input = model_facts.main_input(pipeline.model)
-    if not strategies.pa_is_list(pipeline.training_table(), model_input):
-        pytest.skip(f"the training rows have no sequence column {model_input!r} to resize")
+    strategies.require_sequences(pipeline, "resize")
     check_truncation_length(pipeline)
     model = pipeline.model_on(device)
     model.eval()

@@ -8,12 +8,12 @@ noise cannot decide the outcome; the steps themselves run in train mode, as trai
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis
 from pytest_trainer.stages import StageResult
 from pytest_trainer.stages.forward import checked_loss
+from pytest_trainer.stages.step import at_peak_learning_rate, fingerprints
 
 if TYPE_CHECKING:
     import torch
@@ -42,14 +42,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     max_steps = pipeline.settings.overfit_steps
     clip = float(getattr(pipeline.trainer.args, "max_grad_norm", 0) or 0)
     with pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, _):
-        peak = max(group.get("initial_lr", group["lr"]) for group in optimizer.param_groups)
-        if peak == 0:
-            raise diagnosis.PipelineFailure(
-                "the learning rate is 0, so the model cannot learn even one batch",
-                "set learning_rate in TrainingArguments (fine-tuning usually takes 1e-5 to 5e-5)",
-            )
-        for group in optimizer.param_groups:  # a warmup starting at 0 must not hide the learning rate
-            group["lr"] = group.get("initial_lr", group["lr"])
+        peak, _ = at_peak_learning_rate(optimizer)
         result.notes.append(f"steps used the peak learning rate {peak:g}, without the schedule")
         trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
         start = fingerprints(trainable)
@@ -96,14 +89,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             f"and the learning rate ({peak:g})",
         )
     return result
-
-
-def fingerprints(parameters: Sequence[torch.Tensor]) -> list[tuple[float, float]]:
-    """Two float64 sums per parameter: any update changes them, without keeping a copy of the weights."""
-    import torch
-
-    with torch.no_grad():
-        return [(float(p.double().sum()), float(p.double().square().sum())) for p in parameters]
 
 
 def _eval_loss(pipeline: Pipeline, model: torch.nn.Module, batch: dict, allow_nan: bool = False) -> float:

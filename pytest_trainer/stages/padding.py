@@ -27,11 +27,9 @@ TOLERANCE = 1e-4
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import pytest
 
     model_input = model_facts.main_input(pipeline.model)
-    if not strategies.pa_is_list(pipeline.training_table(), model_input):
-        pytest.skip(f"the training rows have no sequence column {model_input!r} to pad")
+    strategies.require_sequences(pipeline, "pad")
     check_pad_token(pipeline)
     model = pipeline.model_on(device)
     model.eval()

@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
 from pytest_trainer.stages import StageResult
 from pytest_trainer.stages.forward import checked_loss
-from pytest_trainer.stages.overfit import fingerprints
 
 if TYPE_CHECKING:
+    import torch
+
     from pytest_trainer.pipeline import Pipeline
+
+
+def fingerprints(parameters: Sequence[torch.Tensor]) -> list[tuple[float, float]]:
+    """Two float64 sums per parameter: any update changes them, without keeping a copy of the weights."""
+    import torch
+
+    with torch.no_grad():
+        return [(float(p.double().sum()), float(p.double().square().sum())) for p in parameters]
+
+
+def at_peak_learning_rate(optimizer: Any) -> tuple[float, bool]:
+    """Set every group to its peak learning rate; a warmup that starts at 0 must not hide it.
+
+    Returns the peak and whether the schedule had started below it. A peak of 0 is a failure.
+    """
+    peak = max(group.get("initial_lr", group["lr"]) for group in optimizer.param_groups)
+    if peak == 0:
+        raise diagnosis.PipelineFailure(
+            "the learning rate is 0, so no optimizer step can change the weights",
+            "set learning_rate in TrainingArguments (fine-tuning usually takes 1e-5 to 5e-5)",
+        )
+    below = max(group["lr"] for group in optimizer.param_groups) < peak
+    for group in optimizer.param_groups:
+        group["lr"] = group.get("initial_lr", group["lr"])
+    return peak, below
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
@@ -20,17 +47,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     batch = pipeline.batch_on(device)
     result = StageResult("step", device, batch=batch)
     with pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, scheduler):
-        peak = max(group.get("initial_lr", group["lr"]) for group in optimizer.param_groups)
-        if peak == 0:
-            raise diagnosis.PipelineFailure(
-                "the learning rate is 0, so no optimizer step can change the weights",
-                "set learning_rate in TrainingArguments (fine-tuning usually takes 1e-5 to 5e-5)",
-            )
-        if max(group["lr"] for group in optimizer.param_groups) == 0:
-            # A warmup that starts at 0 would hide the learning rate: step with the peak one.
-            for group in optimizer.param_groups:
-                group["lr"] = group.get("initial_lr", group["lr"])
-            result.notes.append(f"the schedule starts at 0 (warmup); the step used the peak learning rate {peak:g}")
+        peak, below = at_peak_learning_rate(optimizer)
+        if below:
+            result.notes.append(f"the schedule starts below its peak (warmup); the step used the peak {peak:g}")
         trainable = {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
         before = dict(zip(trainable, fingerprints(list(trainable.values())), strict=True))
         model.train()
