@@ -82,9 +82,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker is None:
         return
     if "_trainer_step" not in metafunc.fixturenames:
-        raise pytest.UsageError(
-            f"{metafunc.definition.nodeid}: a test marked {MARKER} must take the trainer_stage fixture "
-            "(or train_batch / pipeline_device)"
+        name = metafunc.definition.name
+        pytest.fail(
+            f"{metafunc.definition.nodeid}: a test marked {MARKER} must take the trainer_stage fixture, "
+            f"e.g. def {name}(trainer_stage): trainer_stage.run()",
+            pytrace=False,
         )
     settings = session_of(metafunc.config).settings
     source = f"{MARKER} marker of {metafunc.definition.nodeid}"
@@ -226,7 +228,7 @@ def trainer_strategies(trainer_stage: TrainerStage) -> Any:
 
 def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[str, Any]:
     """What the report needs of this item, in plain values that travel from xdist workers."""
-    facts: dict[str, Any] = {"script": _script_label(item), "stage": step.stage, "device": step.device}
+    facts: dict[str, Any] = {"script": _pipeline_key(item), "stage": step.stage, "device": step.device}
     error = call.excinfo.value if call.excinfo is not None else None
     if isinstance(error, (PipelineFailure, ScriptError)):
         facts.update(diagnosis=error.cause, fix=error.fix)
@@ -238,13 +240,6 @@ def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[s
     if pipeline is not None and pipeline.notes:
         facts.setdefault("notes", []).extend(pipeline.notes)
     return facts
-
-
-def _script_label(item: pytest.Item) -> str:
-    """The script's path as pytest shows it, or the marked test for a `trainer` fixture."""
-    if isinstance(item, StageItem) and item.parent is not None:
-        return item.parent.nodeid
-    return f"{item.parent.nodeid if item.parent else ''}::{getattr(item, 'originalname', item.name)}"
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -259,10 +254,14 @@ def _step_of(item: pytest.Item) -> Step | None:
 
 
 def _pipeline_key(item: pytest.Item) -> str:
-    """What a failure blocks: a script's stages, or a marked test's own parametrizations."""
+    """The pipeline an item belongs to, as pytest shows it: the script, or the marked test function.
+
+    It is what a failure blocks and what the report groups by.
+    """
+    parent = item.parent.nodeid if item.parent else ""
     if isinstance(item, StageItem):
-        return str(item.path)
-    return f"{item.parent.nodeid if item.parent else ''}::{getattr(item, 'originalname', item.name)}"
+        return parent
+    return f"{parent}::{getattr(item, 'originalname', item.name)}"
 
 
 def _script_of(node: Any) -> tuple[Path, str | None] | None:
@@ -286,4 +285,4 @@ def _pipeline(request: pytest.FixtureRequest) -> Pipeline:
     script = _script_of(request.node)
     if script is not None:
         return session.script_pipeline(*script)
-    return session.fixture_pipeline(request.getfixturevalue("trainer"), request.node.nodeid)
+    return session.fixture_pipeline(request.getfixturevalue("trainer"), _pipeline_key(request.node))

@@ -85,3 +85,17 @@ def test_marker_without_any_trainer_says_what_to_define(project: pytest.Pytester
     result = project.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*no Trainer to test. Define a `trainer` fixture in conftest.py*"])
+
+
+def test_marked_test_without_the_fixture_says_how_to_take_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_pipeline="""
+        import pytest
+
+        @pytest.mark.trainer_pipeline(stages=["forward"])
+        def test_pipeline():
+            pass
+    """)
+    result = pytester.runpytest()
+    result.stdout.fnmatch_lines(["*a test marked trainer_pipeline must take the trainer_stage fixture, "
+                                 "e.g. def test_pipeline(trainer_stage): trainer_stage.run()*"])
+    result.stdout.no_fnmatch_line("*plugin.py*")

@@ -85,6 +85,6 @@ def _rejected(pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, ro
     return diagnosis.PipelineFailure(
         f"label {value!r} of the domain {domain.describe()} is rejected by the loss on row {row}: "
         f"the model's head has {width} outputs ({type(error).__name__}: {message.splitlines()[0] if message else ''})",
-        f"build the model with num_labels={len(domain.values)} (classes 0..{len(domain.values) - 1})"
+        f"build the model with num_labels={max(domain.values) + 1} (classes 0..{max(domain.values)})"
         if all(isinstance(v, int) for v in domain.values) else "make the labels fit the model's head",
     )
