@@ -8,8 +8,13 @@ using what the pipeline knows about its data and model.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
+
+#: Set on an exception raised by the user's pipeline (collator, transform, model, loss, optimizer,
+#: metrics); any other exception a check raises is a bug of pytest-trainer.
+_PIPELINE_PART = "_pytest_trainer_pipeline_part"
 
 
 class PipelineFailure(Exception):
@@ -22,6 +27,42 @@ class PipelineFailure(Exception):
     def render(self) -> str:
         lines = [self.cause, f"  fix: {self.fix}", *(f"  {line}" for line in self.details)]
         return "\n".join(lines)
+
+
+class InternalError(Exception):
+    """An exception in pytest-trainer's own code: a bug of the plugin, never the user's failure."""
+
+    def __init__(self, check: str, error: BaseException) -> None:
+        self.check, self.error = check, error
+        first = str(error).splitlines()[0] if str(error) else ""
+        self.cause = f"internal error of pytest-trainer in the {check} check ({type(error).__name__}: {first})"
+        self.fix = "this is a bug of pytest-trainer, not of your pipeline: please report it with the traceback below"
+        super().__init__(f"{self.cause}\n  {self.fix}")
+
+
+@contextmanager
+def pipeline_part(what: str) -> Iterator[None]:
+    """Run a part of the user's pipeline: an exception it raises is the pipeline's, named by `what`."""
+    try:
+        yield
+    except Exception as error:
+        if not hasattr(error, _PIPELINE_PART):  # the innermost part names it
+            setattr(error, _PIPELINE_PART, what)
+        raise
+
+
+def part_of(error: BaseException) -> str | None:
+    """The part of the user's pipeline that raised `error`, or None when the plugin's own code did."""
+    return getattr(error, _PIPELINE_PART, None)
+
+
+def raised_by(error: BaseException, part: str) -> PipelineFailure:
+    """A library error nothing else explains, with the part of the pipeline that raised it first."""
+    message = str(error).strip().splitlines()
+    return PipelineFailure(
+        f"{part} raised {type(error).__name__}: {message[0] if message else '(no message)'}",
+        f"fix {part} for this batch: the original error and its traceback are below",
+    )
 
 
 def labels_beyond_head(
@@ -65,6 +106,27 @@ def untokenized(split: str, text_columns: Sequence[str], model_input: str) -> Pi
         "the model reads token ids, not text, so the Trainer was given the raw, untokenized split",
         f"tokenize it first, e.g. tokenized = raw.map(lambda batch: tokenizer({call_args}, truncation=True), "
         f"batched=True), and pass the tokenized split to the Trainer",
+    )
+
+
+def no_matching_columns(split: str, columns: Sequence[str], model: Any) -> PipelineFailure:
+    import inspect
+
+    taken = [name for name in inspect.signature(model.forward).parameters if name not in ("args", "kwargs")]
+    return PipelineFailure(
+        f"no column of the {split} dataset ({', '.join(columns)}) is a parameter of the model's forward "
+        f"({', '.join(taken)}), so the Trainer's remove_unused_columns drops them all",
+        "name the columns after the forward's parameters, or set remove_unused_columns=False in TrainingArguments "
+        "and give the Trainer a data_collator that builds the model's inputs",
+    )
+
+
+def pad_in_targets(pad: int, count: int, where: str) -> PipelineFailure:
+    return PipelineFailure(
+        f"the labels hold the pad id {pad} ({where} and {count} positions in all) instead of -100: the loss "
+        "trains the model to write padding after every target",
+        "set padded label positions to -100: tokenize targets without padding='max_length' and let "
+        "DataCollatorForSeq2Seq pad them (label_pad_token_id=-100), or replace the pad id by -100 in the labels",
     )
 
 
@@ -123,6 +185,16 @@ def explain(error: BaseException, facts: Any) -> PipelineFailure | None:
         found = facts.token_problem()
         if found is not None:
             return found
+    if "can't be cast to the desired output type" in message and "Float" in message:
+        config = getattr(getattr(facts, "model", None), "config", None)
+        if getattr(config, "problem_type", None) == "multi_label_classification":
+            width = getattr(config, "num_labels", None)
+            return PipelineFailure(
+                "multi-label classification (problem_type='multi_label_classification') needs float multi-hot "
+                f"labels, one row of {width} zeros and ones per example, but the labels are integer class ids",
+                f"give each example a float row of width {width} (e.g. [1.0, 0.0, 1.0]); for one class per example "
+                "drop problem_type='multi_label_classification'",
+            )
     if "must be the same as input size" in message or ("Found dtype" in message and "expected" in message):
         config = getattr(getattr(facts, "model", None), "config", None)
         problem = getattr(config, "problem_type", None)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_trainer.diagnosis import PipelineFailure
+from pytest_trainer.diagnosis import InternalError, PipelineFailure
 from pytest_trainer.loading import ScriptError
 from pytest_trainer.plan import Step, plan
 
@@ -47,6 +47,9 @@ class StageItem(pytest.Function):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:  # type: ignore[override]
         error = excinfo.value
+        if isinstance(error, InternalError):
+            info = pytest.ExceptionInfo.from_exception(error.error)
+            return f"{self.step.name}: {error}\n\n" + str(info.getrepr(style="long", chain=True))
         if not isinstance(error, (PipelineFailure, ScriptError)):
             return super().repr_failure(excinfo)
         text = f"{self.step.name} failed: {error.render()}"

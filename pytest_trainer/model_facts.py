@@ -18,10 +18,6 @@ def base_model(model: Any) -> Any:
     return get_base() if callable(get_base) else model
 
 
-def is_token_classifier(model: Any) -> bool:
-    return type(base_model(model)).__name__.endswith("ForTokenClassification")
-
-
 def class_count(model: Any) -> int | None:
     """Width of a single-label classification head, or None when the model is not one."""
     model = base_model(model)
@@ -35,9 +31,12 @@ def class_count(model: Any) -> int | None:
 
 
 def vocabulary_rows(model: Any) -> int | None:
-    """Rows of the input embedding: every token id must be below this."""
+    """Rows of the input embedding: every token id must be below this (None for models without one)."""
     get_embeddings = getattr(model, "get_input_embeddings", None)
-    embeddings = get_embeddings() if callable(get_embeddings) else None
+    try:
+        embeddings = get_embeddings() if callable(get_embeddings) else None
+    except (NotImplementedError, AttributeError):  # audio and vision models have no token embedding
+        return None
     return getattr(embeddings, "num_embeddings", None)
 
 
@@ -57,19 +56,37 @@ def position_limit(model: Any) -> int | None:
     return limit if has_table else None
 
 
-def shifts_labels(model: Any) -> bool:
-    """Causal language models predict the next token: their loss drops the first label of each row."""
-    return type(base_model(model)).__name__.endswith(("ForCausalLM", "LMHeadModel"))
-
-
-def is_language_model(model: Any) -> bool:
-    """Causal or masked language models, whose labels are token ids rather than classes."""
-    return shifts_labels(model) or type(base_model(model)).__name__.endswith(("ForMaskedLM", "ForPreTraining"))
-
-
 def main_input(model: Any) -> str:
     return getattr(base_model(model), "main_input_name", "input_ids")
 
 
 def forward_parameters(model: Any) -> set[str]:
     return set(inspect.signature(base_model(model).forward).parameters)
+
+
+def batches_given_features(collator: Any) -> bool:
+    """A collator of transformers itself, which batches (and pads) the features it is given and builds no input."""
+    return type(collator).__module__.startswith("transformers.") or getattr(collator, "__module__", "").startswith(
+        "transformers."
+    )
+
+
+def pads(collator: Any) -> bool:
+    """A collator of transformers that pads through a tokenizer, which fails on text."""
+    from transformers import DefaultDataCollator
+
+    return type(collator).__module__.startswith("transformers.") and not isinstance(collator, DefaultDataCollator)
+
+
+def logits_of(outputs: Any) -> Any:
+    """The logits of a model's outputs: its `logits`, or of a tuple (loss, logits, ...) the tensor after the loss."""
+    import torch
+
+    if isinstance(outputs, dict):
+        logits = outputs.get("logits")
+    elif isinstance(outputs, (tuple, list)):
+        tensors = [value for value in outputs if torch.is_tensor(value)]
+        logits = tensors[1] if len(tensors) > 1 and tensors[0].dim() == 0 else (tensors[0] if tensors else None)
+    else:
+        logits = None
+    return logits if torch.is_tensor(logits) else None

@@ -8,14 +8,15 @@ and puts back any weights or optimizer state a stage changes, so stages never le
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_trainer import diagnosis, tables
+from pytest_trainer import diagnosis, fed, tables, tasks
 from pytest_trainer.options import Settings
 
 if TYPE_CHECKING:
@@ -23,17 +24,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import Trainer
 
-#: Rows read from a dataset that is not Arrow-backed (a torch Dataset of dicts, say), which is read row by row.
-PYTHON_ROWS_LIMIT = 10_000
 #: Seed of the sampler that draws the fixed batch, so every stage and every run sees the same rows.
 BATCH_SEED = 0
-
-
-class Split(NamedTuple):
-    description: str
-    #: The name of an evaluation split given as a dict, else None.
-    key: str | None
-    dataset: Any
 
 
 class Pipeline:
@@ -43,46 +35,39 @@ class Pipeline:
         self.settings = settings or Settings()
         #: Facts about how the pipeline was loaded, for the report (sampling, say).
         self.notes: list[str] = []
-        self._tables: dict[str, pa.Table] = {}
         self._batch: dict[str, Any] | None = None
         self._cpu_replica: torch.nn.Module | None = None
         self._pristine: dict[int, dict[str, torch.Tensor]] = {}
 
-    # ---- data -----------------------------------------------------------------------------
+    # ---- data, as fed -----------------------------------------------------------------------
 
-    def splits(self) -> list[Split]:
-        """The training split and every evaluation split."""
-        found = [Split("training", None, self.trainer.train_dataset)] if self.trainer.train_dataset is not None else []
-        evaluation = self.trainer.eval_dataset
-        if isinstance(evaluation, dict):
-            found += [Split(f"evaluation {name!r}", name, split) for name, split in evaluation.items()]
-        elif evaluation is not None:
-            found.append(Split("evaluation", None, evaluation))
+    @functools.cached_property
+    def task(self) -> tasks.Task:
+        """What kind of task this is: what the model takes and what its labels mean."""
+        return tasks.detect(self.model, self.trainer)
+
+    @functools.cached_property
+    def _splits(self) -> list[fed.FedSplit]:
+        return fed.splits(self.trainer, self.settings.sample)
+
+    def splits(self) -> list[fed.FedSplit]:
+        """The training split and every evaluation split, as the Trainer feeds them."""
+        return self._splits
+
+    @property
+    def training(self) -> fed.FedSplit:
+        found = next((split for split in self._splits if split.description == "training"), None)
+        if found is None:
+            raise diagnosis.PipelineFailure("the Trainer has no train_dataset", "pass train_dataset= to the Trainer")
         return found
 
-    def fed(self, dataset: Any, description: str) -> Any:
-        """The split with the columns the Trainer drops already dropped, as its dataloader will see it."""
-        import datasets
-
-        if isinstance(dataset, datasets.Dataset):
-            return self.trainer._remove_unused_columns(dataset, description=description)
-        return dataset
-
-    def table(self, description: str, dataset: Any) -> pa.Table:
-        """The fed split as an Arrow table, read once."""
-        if description not in self._tables:
-            self._tables[description] = tables.as_table(self.fed(dataset, description), PYTHON_ROWS_LIMIT)
-        return self._tables[description]
-
     def training_table(self) -> pa.Table:
-        if self.trainer.train_dataset is None:
-            raise diagnosis.PipelineFailure("the Trainer has no train_dataset", "pass train_dataset= to the Trainer")
-        return self.table("training", self.trainer.train_dataset)
+        """The training samples as fed, as an Arrow table."""
+        return self.training.table
 
     def rows(self, indices: list[int]) -> list[dict[str, Any]]:
-        """Training samples as the collator receives them (plain Python values)."""
-        table = self.training_table()
-        return [table.slice(index, 1).to_pylist()[0] for index in indices]
+        """Training samples as the collator receives them."""
+        return self.training.samples(indices)
 
     def collate(self, features: list[dict[str, Any]], device: str) -> dict[str, Any]:
         """A batch made by the Trainer's own collator, on `device`."""
@@ -92,13 +77,16 @@ class Pipeline:
         collator = self.trainer.data_collator
         if not isinstance(self.trainer.train_dataset, datasets.Dataset):
             collator = self.trainer._get_collator_with_removed_columns(collator, description="training")
-        batch = collator(features)
+        with diagnosis.pipeline_part("the data collator"):
+            batch = collator(features)
         return {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
 
     def decoded(self, token_ids: Any) -> str:
         """The text of token ids when the Trainer knows a tokenizer, else an empty string."""
         tokenizer = getattr(self.trainer, "processing_class", None)
         decode = getattr(tokenizer, "decode", None)
+        while isinstance(token_ids, list) and token_ids and isinstance(token_ids[0], list):
+            token_ids = token_ids[0]  # the first choice of a multiple-choice row
         if not callable(decode) or not isinstance(token_ids, list) or not token_ids:
             return ""
         return str(decode(token_ids))
@@ -112,9 +100,9 @@ class Pipeline:
         import torch
 
         if self._batch is None:
-            loader = self.trainer.get_train_dataloader()
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), diagnosis.pipeline_part("the Trainer's train dataloader"):
                 torch.manual_seed(BATCH_SEED)
+                loader = self.trainer.get_train_dataloader()
                 try:
                     batch = next(iter(loader))
                 except (ValueError, TypeError, RuntimeError) as error:
@@ -145,13 +133,15 @@ class Pipeline:
         """The model on `device`, moved once; a CPU copy is kept before it goes to CUDA, to replay failures."""
         if device == "cpu" and self._cpu_replica is not None:
             return self._cpu_replica
-        if device != "cpu" and self._cpu_replica is None:
-            self._cpu_replica = copy.deepcopy(self.model).to("cpu")
-        return self.model.to(device)
+        with diagnosis.pipeline_part(f"moving the model to {device}"):
+            if device != "cpu" and self._cpu_replica is None:
+                self._cpu_replica = copy.deepcopy(self.model).to("cpu")
+            return self.model.to(device)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The Trainer's own loss (its compute_loss, subclasses included) and the model's outputs."""
-        with self.trainer.compute_loss_context_manager():
+        with diagnosis.pipeline_part("the model's forward (through the Trainer's compute_loss)"), \
+                self.trainer.compute_loss_context_manager():
             result = self.trainer.compute_loss(model, dict(batch), return_outputs=True)
         loss, outputs = result if isinstance(result, tuple) else (result, None)
         return loss, outputs
@@ -183,7 +173,8 @@ class Pipeline:
         given_state = copy.deepcopy(trainer.optimizer.state_dict()) if trainer.optimizer is not None else None
         trainer.model = model
         try:
-            trainer.create_optimizer_and_scheduler(num_training_steps=self.planned_steps())
+            with diagnosis.pipeline_part("the Trainer's optimizer and scheduler"):
+                trainer.create_optimizer_and_scheduler(num_training_steps=self.planned_steps())
             yield trainer.optimizer, trainer.lr_scheduler
         finally:
             trainer.model, trainer.optimizer, trainer.lr_scheduler = saved
@@ -207,36 +198,37 @@ class Pipeline:
         """Why labels crash the loss, read from the whole training split."""
         from pytest_trainer.stages import dataset
 
-        return _first_failure(lambda: self._each_training_table(dataset.check_labels))
+        return _first_failure(lambda: dataset.check_labels(self, self.training))
 
     def token_problem(self) -> diagnosis.PipelineFailure | None:
         """Why an embedding lookup is out of range: a token id or a position too large."""
         from pytest_trainer.stages import dataset
 
-        return _first_failure(lambda: self._each_training_table(dataset.check_tokens))
+        return _first_failure(lambda: dataset.check_tokens(self, self.training))
 
     def padding_problem(self) -> diagnosis.PipelineFailure | None:
         """Samples of different lengths that nothing pads, named with the lengths of the first rows."""
         if self.trainer.train_dataset is None:
             return None
-        table = self.table("training", self.trainer.train_dataset)
+        table = self.training_table()
         first_rows = table.slice(0, max(2, self.trainer.args.train_batch_size))
         for column in first_rows.column_names:
-            if not tables.is_numeric(first_rows.schema.field(column).type):
+            if not tables.is_numeric(first_rows.schema.field(column).type) or \
+                    tables.depth(first_rows.schema.field(column).type) == 0:
                 continue
-            counts, _ = tables.lengths(first_rows, column)
+            counts = tables.row_lengths(first_rows, column)
             if counts.size and np.unique(counts).size > 1:
                 return diagnosis.unpadded(column, counts.tolist(), self.trainer)
         return None
 
-    def _each_training_table(self, check: Any) -> None:
-        if self.trainer.train_dataset is not None:
-            check(self, "training", self.table("training", self.trainer.train_dataset))
-
 
 def _first_failure(action: Any) -> diagnosis.PipelineFailure | None:
+    """The failure a check of the data finds, if any; a check that cannot read the data finds none."""
     try:
         action()
     except diagnosis.PipelineFailure as failure:
         return failure
+    except Exception as error:
+        if diagnosis.part_of(error) is None:
+            raise
     return None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_trainer import devices, options, reporting
-from pytest_trainer.diagnosis import PipelineFailure
+from pytest_trainer.diagnosis import InternalError, PipelineFailure
 from pytest_trainer.items import StageItem, TrainerScript
 from pytest_trainer.loading import ScriptError
 from pytest_trainer.plan import DEVICES, STAGES, Step, cpu_first
@@ -230,7 +230,7 @@ def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[s
     """What the report needs of this item, in plain values that travel from xdist workers."""
     facts: dict[str, Any] = {"script": _pipeline_key(item), "stage": step.stage, "device": step.device}
     error = call.excinfo.value if call.excinfo is not None else None
-    if isinstance(error, (PipelineFailure, ScriptError)):
+    if isinstance(error, (PipelineFailure, ScriptError, InternalError)):
         facts.update(diagnosis=error.cause, fix=error.fix)
     stage = getattr(item, "funcargs", {}).get("trainer_stage")
     result = getattr(stage, "result", None)

@@ -22,6 +22,7 @@ def search(strategy: Any, check: Callable[[Any], None], key: str, examples: int)
         derandomize=bool(os.environ.get("CI")),
         suppress_health_check=list(HealthCheck),
         print_blob=False,
+        report_multiple_bugs=False,
     )
     @given(strategy)
     def prop(example: Any) -> None:

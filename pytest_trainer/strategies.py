@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from hypothesis import strategies as st
 
-from pytest_trainer import model_facts, tables
+from pytest_trainer import model_facts, tables, tasks
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -43,6 +43,9 @@ def label_domain(trainer: Trainer | Pipeline) -> LabelDomain | None:
     column = pipeline.label_column(table)
     if column is None:
         return None
+    if pipeline.task.labels == tasks.CHOICE:
+        choices = int(tables.outer_lengths(table, pipeline.task.sequence or "")[0]) if table.num_rows else 0
+        return LabelDomain(tuple(range(choices)), f"the {choices} choices of each example") if choices else None
     feature = _feature(pipeline, column)
     class_names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
     if class_names:
@@ -116,31 +119,53 @@ def padding_pairs(draw: st.DrawFn, trainer: Trainer | Pipeline) -> tuple[int, in
 
 
 def resize(row: dict[str, Any], length: int, pipeline: Pipeline) -> dict[str, Any]:
-    """The row with every per-token column cut or repeated to `length` tokens."""
-    model_input = model_facts.main_input(pipeline.model)
-    size = len(row[model_input])
-    return {
-        key: (value * (length // len(value) + 1))[:length] if isinstance(value, list) and len(value) == size else value
-        for key, value in row.items()
-    }
+    """The row with every per-token column cut or repeated to `length` tokens (each choice's, under a choices axis)."""
+    sequence = _plain(row[pipeline.task.sequence or ""])
+    resized = {}
+    for key, value in row.items():
+        plain = _plain(value)
+        resized[key] = _resized(plain, length) if _same_shape(plain, sequence) else value
+    return resized
 
 
-def require_sequences(pipeline: Pipeline, purpose: str) -> None:
-    """Skip a property that needs token sequences when the training rows have none."""
+def _plain(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _same_shape(value: Any, sequence: Any) -> bool:
+    """Whether `value` has one entry per token of `sequence` (nested lists compared level by level)."""
+    if not isinstance(value, list) or not isinstance(sequence, list) or len(value) != len(sequence):
+        return False
+    if sequence and isinstance(sequence[0], list):
+        return all(_same_shape(item, inner) for item, inner in zip(value, sequence, strict=True))
+    return not value or not isinstance(value[0], list)
+
+
+def _resized(value: list[Any], length: int) -> list[Any]:
+    if value and isinstance(value[0], list):
+        return [_resized(item, length) for item in value]
+    return (value * (length // max(len(value), 1) + 1))[:length]
+
+
+def require_sequences(pipeline: Pipeline, check: str) -> None:
+    """Skip a property that needs token sequences when the task or the training rows have none."""
     import pytest
 
-    model_input = model_facts.main_input(pipeline.model)
-    if not tables.is_list(pipeline.training_table().schema.field(model_input).type):
-        pytest.skip(f"the training rows have no sequence column {model_input!r} to {purpose}")
+    reason = pipeline.task.skip(check)
+    if reason:
+        pytest.skip(reason)
+    column = pipeline.task.sequence or ""
+    table = pipeline.training_table()
+    if column not in table.column_names or not tables.is_list(table.schema.field(column).type):
+        pytest.skip(f"the training samples have no token sequence {column!r} whose length could vary")
 
 
 def _row_lengths(pipeline: Pipeline) -> np.ndarray:
     table = pipeline.training_table()
-    column = model_facts.main_input(pipeline.model)
+    column = pipeline.task.sequence or ""
     if column not in table.column_names or not tables.is_list(table.schema.field(column).type):
         return np.ones(table.num_rows, dtype=np.int64)
-    counts, _ = tables.lengths(table, column)
-    return counts
+    return tables.row_lengths(table, column)
 
 
 def _feature(pipeline: Pipeline, column: str) -> Any:

@@ -95,7 +95,7 @@ class TrainerStage:
         with torch.random.fork_rng(devices=[]), time_limit(pipeline.settings.timeout, hung):
             torch.manual_seed(self.seed)
             if self.device != "cuda":
-                self.result = _explained(_checks()[self.stage], pipeline, self.device)
+                self.result = _explained(self.stage, pipeline, self.device)
             else:
                 self.result = self._run_on_cuda(pipeline)
         return self.result
@@ -105,28 +105,42 @@ class TrainerStage:
         check = _checks()[self.stage]
         try:
             return check(pipeline, self.device)
+        except diagnosis.PipelineFailure:
+            raise
         except Exception as cuda_error:
+            broken = devices.context_is_broken(cuda_error)
+            if diagnosis.part_of(cuda_error) is None and not broken:
+                raise diagnosis.InternalError(self.stage, cuda_error) from cuda_error
             # GPU errors surface late and point at the wrong line: the CPU tells what really failed.
-            if devices.context_is_broken(cuda_error):
+            if broken:
                 self._on_cuda_broken(f"a device-side assert in {self.stage}[cuda] of {pipeline.name}")
             try:
-                _explained(check, pipeline, "cpu")
+                _explained(self.stage, pipeline, "cpu")
             except diagnosis.PipelineFailure as failure:
                 replayed = [*failure.details, "(found by replaying the failed CUDA step on the CPU)"]
                 raise diagnosis.PipelineFailure(failure.cause, failure.fix, replayed) from (
                     failure.__cause__ or cuda_error
                 )
-            raise (diagnosis.explain(cuda_error, pipeline) or cuda_error) from None
+            raise _user_failure(cuda_error, pipeline, self.stage) from cuda_error
 
 
-def _explained(check: Check, pipeline: Pipeline, device: str) -> StageResult:
+def _explained(stage: str, pipeline: Pipeline, device: str) -> StageResult:
+    """Run a stage's check: the user's errors become failures in their terms, the plugin's own an internal error."""
     __tracebackhide__ = True
     try:
-        return check(pipeline, device)
+        return _checks()[stage](pipeline, device)
     except diagnosis.PipelineFailure:
         raise
     except Exception as error:
-        failure = diagnosis.explain(error, pipeline)
-        if failure is None:
-            raise
-        raise failure from error
+        raise _user_failure(error, pipeline, stage) from error
+
+
+def _user_failure(error: Exception, pipeline: Pipeline, stage: str) -> Exception:
+    """A failure naming the cause, when a part of the user's pipeline raised `error`; else an internal error."""
+    part = diagnosis.part_of(error)
+    if part is None:
+        return diagnosis.InternalError(stage, error)
+    try:
+        return diagnosis.explain(error, pipeline) or diagnosis.raised_by(error, part)
+    except Exception as crash:  # explaining is the plugin's own work
+        return diagnosis.InternalError(stage, crash)

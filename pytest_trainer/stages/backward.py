@@ -37,7 +37,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 "compute the loss from the model's outputs without torch.no_grad(), .detach(), .item() or "
                 "numpy in between, and return that tensor from compute_loss",
             )
-        loss.backward()
+        with diagnosis.pipeline_part("backward() through the model"):
+            loss.backward()
         # Kept by reference: weights_kept() only unhooks them from the parameters, so no copy is needed.
         gradients = {name: parameter.grad.detach() for name, parameter in trainable if parameter.grad is not None}
     missing = [name for name, _ in trainable if name not in gradients]

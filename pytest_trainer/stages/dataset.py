@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pytest_trainer import diagnosis, model_facts, tables
+from pytest_trainer import diagnosis, model_facts, tables, tasks
 from pytest_trainer.stages import StageResult
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from pytest_trainer.fed import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
 #: Label value that the losses of transformers ignore.
@@ -24,56 +25,79 @@ IGNORE_INDEX = -100
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
     """Check the training split; the evaluation splits get the same checks at the `eval` stage."""
-    dataset = pipeline.trainer.train_dataset
-    if dataset is None:
-        raise diagnosis.PipelineFailure("the Trainer has no train_dataset", "pass train_dataset= to the Trainer")
-    table = check_split(pipeline, "training", dataset)
+    split = pipeline.training
+    table = check_split(pipeline, split)
     check_labels_present(pipeline, table)
     check_labels_vary(pipeline, table)
-    return StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
+    result = StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
+    result.notes.append(f"task: {pipeline.task.name}")
+    if split.transformed:
+        result.notes.append(f"{table.num_rows} training samples read through the dataset's transform")
+    if split.opaque:
+        result.notes.append(f"not checked (values Arrow cannot hold): {', '.join(split.opaque)}")
+    return result
 
 
-def check_split(pipeline: Pipeline, description: str, dataset: object) -> pa.Table:
+def check_split(pipeline: Pipeline, split: FedSplit) -> pa.Table:
     """Every check that holds for any split; returns the split as fed, as an Arrow table."""
-    table = _fed_table(pipeline, description, dataset)
-    check_inputs(pipeline, description, dataset, table)
-    check_finite(description, table)
-    check_labels(pipeline, description, table)
-    check_tokens(pipeline, description, table)
-    check_token_labels(pipeline, description, table)
+    table = fed_table(pipeline, split)
+    check_inputs(pipeline, split, table)
+    check_finite(split.description, table)
+    check_labels(pipeline, split)
+    check_tokens(pipeline, split)
+    check_token_labels(pipeline, split)
+    check_target_padding(pipeline, split)
     return table
 
 
-def _fed_table(pipeline: Pipeline, description: str, dataset: object) -> pa.Table:
+def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
+    """The split as fed, or a failure saying why the Trainer cannot read it."""
     try:
-        return pipeline.table(description, dataset)
+        return split.table
     except ValueError as error:
         if "No columns in the dataset match" not in str(error):
-            raise
-        raw = tables.as_table(dataset, 1)
+            raise _transform_failed(split, error) from error
+        raw = tables.stored(split.given, 1)
         text = [name for name in raw.column_names if tables.is_text(raw.schema.field(name).type)]
         model_input = model_facts.main_input(pipeline.model)
-        failure = (
-            diagnosis.untokenized(description, text, model_input)
-            if text
-            else diagnosis.missing_input(description, model_input, raw.column_names)
+        if text and pipeline.task.conventional:
+            raise diagnosis.untokenized(split.description, text, model_input) from error
+        raise diagnosis.no_matching_columns(split.description, raw.column_names, pipeline.model) from error
+    except Exception as error:
+        raise _transform_failed(split, error) from error
+
+
+def _transform_failed(split: FedSplit, error: Exception) -> Exception:
+    if diagnosis.part_of(error) is None or not split.transformed:
+        return error
+    key = error.args[0] if isinstance(error, KeyError) and error.args else None
+    if key in split.removed:
+        return diagnosis.PipelineFailure(
+            f"the {split.description} dataset's transform raised KeyError: {key!r}: the Trainer removed the column "
+            f"{key!r} before the transform could read it, because the model's forward does not take it "
+            "(remove_unused_columns=True)",
+            "set remove_unused_columns=False in TrainingArguments, and have the transform or the collator return "
+            "only what the model takes",
         )
-        raise failure from error
+    return diagnosis.raised_by(error, f"the {split.description} dataset's transform")
 
 
-def check_inputs(pipeline: Pipeline, description: str, dataset: object, table: pa.Table) -> None:
-    """The model's main input is there, and no text reaches the collator."""
+def check_inputs(pipeline: Pipeline, split: FedSplit, table: pa.Table) -> None:
+    """The model's main input is there, and no text reaches a collator that pads, where the collator only batches."""
+    collator = pipeline.trainer.data_collator
+    if not pipeline.task.conventional or not model_facts.batches_given_features(collator):
+        return  # a collator of a trainer or of your own builds the inputs: the collate stage judges its batch
     model_input = model_facts.main_input(pipeline.model)
     if model_input not in table.column_names and "inputs_embeds" not in table.column_names:
-        raw = tables.as_table(dataset, 1)
+        raw = tables.stored(split.given, 1) if not split.transformed else table
         text = [name for name in raw.column_names if tables.is_text(raw.schema.field(name).type)]
         if text:
-            raise diagnosis.untokenized(description, text, model_input)
-        raise diagnosis.missing_input(description, model_input, table.column_names)
+            raise diagnosis.untokenized(split.description, text, model_input)
+        raise diagnosis.missing_input(split.description, model_input, table.column_names)
     text = [name for name in table.column_names if tables.is_text(table.schema.field(name).type)]
-    if text:
+    if text and model_facts.pads(collator):
         raise diagnosis.PipelineFailure(
-            f"text column(s) {', '.join(map(repr, text))} of the {description} dataset reach the collator, "
+            f"text column(s) {', '.join(map(repr, text))} of the {split.description} dataset reach the collator, "
             "which can only batch numbers",
             f"drop them before building the Trainer (dataset.remove_columns({text!r})), "
             "or keep remove_unused_columns=True in TrainingArguments",
@@ -85,6 +109,8 @@ def check_labels_present(pipeline: Pipeline, table: pa.Table) -> None:
     trainer = pipeline.trainer
     from transformers import DataCollatorWithPadding, Trainer, default_data_collator
 
+    if not pipeline.task.conventional:
+        return
     own_loss = type(trainer).compute_loss is Trainer.compute_loss and trainer.compute_loss_func is None
     plain_collator = trainer.data_collator is default_data_collator or isinstance(
         trainer.data_collator, DataCollatorWithPadding
@@ -99,14 +125,17 @@ def check_labels_present(pipeline: Pipeline, table: pa.Table) -> None:
         )
 
 
-def check_labels(pipeline: Pipeline, description: str, table: pa.Table) -> None:
-    """Class ids fit the classification head: integers in [0, num_labels), or -100 to ignore a position."""
-    width = model_facts.class_count(pipeline.model)
+def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
+    """Class ids fit the head (or the choices): integers in [0, width), or -100 to ignore a position."""
+    table, task, description = split.table, pipeline.task, split.description
     column = pipeline.label_column(table)
-    if width is None or column is None or table.num_rows == 0:
+    if task.labels not in tasks.CLASS_IDS or column is None or table.num_rows == 0:
+        return
+    width = _choices(table, task.sequence) if task.labels == tasks.CHOICE else model_facts.class_count(pipeline.model)
+    if width is None:
         return
     values, row_of = tables.flatten(table, column)
-    if values.dtype.kind == "f":
+    if values.dtype.kind == "f" and task.labels != tasks.CHOICE:
         raise diagnosis.PipelineFailure(
             f"the {description} labels are floats but the model is a {width}-class classifier, which needs "
             "integer class ids (float labels make transformers switch to multi-label loss)",
@@ -119,11 +148,15 @@ def check_labels(pipeline: Pipeline, description: str, table: pa.Table) -> None:
     if too_high.size:
         index = int(too_high[0])
         where = f" (row {row_of(index)} of the {description} dataset has label {values[index]})"
-        auto_class = (
-            "AutoModelForTokenClassification"
-            if model_facts.is_token_classifier(pipeline.model)
-            else "AutoModelForSequenceClassification"
-        )
+        if task.labels == tasks.CHOICE:
+            raise diagnosis.PipelineFailure(
+                f"labels range {int(used.min())}..{int(used.max())} but each example has {width} choices "
+                f"(labels 0..{width - 1}){where}",
+                f"a multiple-choice label is the index of the right choice, 0..{width - 1}: check the label column "
+                "and how the choices were built",
+            )
+        auto_class = "AutoModelForTokenClassification" if task.labels == tasks.TOKEN_CLASS else \
+            "AutoModelForSequenceClassification"
         raise diagnosis.labels_beyond_head(int(used.min()), int(used.max()), width, where, auto_class)
     negative = np.flatnonzero((values < 0) & (values != IGNORE_INDEX))
     if negative.size:
@@ -131,33 +164,69 @@ def check_labels(pipeline: Pipeline, description: str, table: pa.Table) -> None:
         raise diagnosis.negative_label(int(values[index]), f" in row {row_of(index)} of the {description} dataset")
 
 
-def check_tokens(pipeline: Pipeline, description: str, table: pa.Table) -> None:
+def _choices(table: pa.Table, column: str | None) -> int | None:
+    """The number of choices of every row (multiple choice), when the rows agree on it."""
+    if column is None or column not in table.column_names or tables.depth(table.schema.field(column).type) < 2:
+        return None
+    counts = tables.outer_lengths(table, column)
+    return int(counts[0]) if counts.size and (counts == counts[0]).all() else None
+
+
+def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
     """Token ids are rows of the input embedding, and sequences fit the model's positions."""
-    column = model_facts.main_input(pipeline.model)
-    if column not in table.column_names or not tables.is_numeric(table.schema.field(column).type):
-        return
+    table, task, description = split.table, pipeline.task, split.description
+    columns = [name for name in table.column_names
+               if (name == task.sequence or ("input_ids" in name and "decoder" not in name))
+               and tables.is_numeric(table.schema.field(name).type)]
     rows = model_facts.vocabulary_rows(pipeline.model)
-    values, row_of = tables.flatten(table, column)
-    if rows is not None and values.size and values.max() >= rows:
-        index = int(np.argmax(values >= rows))
-        raise diagnosis.token_beyond_vocabulary(
-            int(values[index]), rows, f" in row {row_of(index)} of the {description} dataset"
-        )
+    for column in columns:
+        values, row_of = tables.flatten(table, column)
+        if rows is not None and values.size and values.max() >= rows:
+            index = int(np.argmax(values >= rows))
+            where = f" in row {row_of(index)} of the {description} dataset"
+            raise diagnosis.token_beyond_vocabulary(
+                int(values[index]), rows, where if column == task.sequence else f"{where} ({column!r})"
+            )
     limit = model_facts.position_limit(pipeline.model)
-    if limit is None:
+    if limit is None or task.sequence is None or task.sequence not in columns:
         return
-    counts, row_of = tables.lengths(table, column)
+    counts = tables.row_lengths(table, task.sequence)
     if counts.size and counts.max() > limit:
         index = int(np.argmax(counts > limit))
-        raise diagnosis.sequence_too_long(
-            int(counts[index]), limit, f" in row {row_of(index)} of the {description} dataset"
-        )
+        raise diagnosis.sequence_too_long(int(counts[index]), limit, f" in row {index} of the {description} dataset")
+
+
+def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
+    """Seq2seq targets padded with the pad id, not -100, train the model to write padding."""
+    table = split.table
+    column = pipeline.label_column(table)
+    if pipeline.task.labels != tasks.DECODER_TARGETS or column is None:
+        return
+    values, row_of = tables.flatten(table, column)
+    found = padded_targets(pipeline, values)
+    if found is not None:
+        index, count = found
+        raise diagnosis.pad_in_targets(values[index], count, f"row {row_of(index)} of the {split.description} dataset")
+
+
+def padded_targets(pipeline: Pipeline, values: np.ndarray) -> tuple[int, int] | None:
+    """(first index, count) of target positions holding the pad id, where the pad id cannot be a real target."""
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(getattr(pipeline.model, "config", None), "pad_token_id", None)
+    real_ends = {getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "bos_token_id", None)}
+    if not isinstance(pad, int) or pad in real_ends or values.dtype.kind not in "iu":
+        return None
+    hits = np.flatnonzero(values == pad)
+    return (int(hits[0]), int(hits.size)) if hits.size else None
 
 
 def check_labels_vary(pipeline: Pipeline, table: pa.Table) -> None:
     """A classifier trained on one class only learns to predict that class."""
     column = pipeline.label_column(table)
-    if model_facts.class_count(pipeline.model) is None or column is None or table.num_rows < 2:
+    if pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS) or model_facts.class_count(pipeline.model) is None \
+            or column is None or table.num_rows < 2:
         return
     values, _ = tables.flatten(table, column)
     used = np.unique(values[values != IGNORE_INDEX])
@@ -187,11 +256,13 @@ def check_finite(description: str, table: pa.Table) -> None:
             )
 
 
-def check_token_labels(pipeline: Pipeline, description: str, table: pa.Table) -> None:
+def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
     """In token classification, one label per token, and -100 on [CLS], [SEP] and padding."""
+    table, description = split.table, split.description
     column = pipeline.label_column(table)
-    model_input = model_facts.main_input(pipeline.model)
-    if column is None or model_input not in table.column_names or not model_facts.is_token_classifier(pipeline.model):
+    model_input = pipeline.task.sequence
+    if column is None or model_input is None or model_input not in table.column_names \
+            or pipeline.task.labels != tasks.TOKEN_CLASS:
         return
     token_counts, _ = tables.lengths(table, model_input)
     label_counts, _ = tables.lengths(table, column)

@@ -10,11 +10,12 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.stages import StageResult, dataset
 
 if TYPE_CHECKING:
-    from pytest_trainer.pipeline import Pipeline, Split
+    from pytest_trainer.fed import FedSplit as Split
+    from pytest_trainer.pipeline import Pipeline
 
 #: Batches of each evaluation split run through the prediction step.
 BATCHES = 2
@@ -28,7 +29,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         pytest.skip("the Trainer has no eval_dataset")
     result = StageResult("eval", device)
     for split in splits:
-        dataset.check_split(pipeline, split.description, split.dataset)
+        dataset.check_split(pipeline, split)
         metrics = _evaluate(pipeline, device, split)
         result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
     return result
@@ -43,15 +44,18 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]
     model = pipeline.model_on(device)
     model.eval()
     description = split.description
-    loader = trainer.get_eval_dataloader(split.key if split.key is not None else split.dataset)
+    with diagnosis.pipeline_part("the Trainer's eval dataloader"):
+        loader = trainer.get_eval_dataloader(split.key if split.key is not None else split.given)
+        batches = list(itertools.islice(loader, BATCHES))
     predictions: Any = None
     labels: Any = None
-    for batch in itertools.islice(loader, BATCHES):
+    for batch in batches:
         batch = {name: value.to(device) if torch.is_tensor(value) else value for name, value in batch.items()}
-        with torch.no_grad():
+        with torch.no_grad(), diagnosis.pipeline_part("the Trainer's prediction step"):
             _, logits, label_ids = _prediction_step(pipeline, model, batch, device)
         if logits is not None and trainer.preprocess_logits_for_metrics is not None:
-            logits = trainer.preprocess_logits_for_metrics(logits, label_ids)
+            with diagnosis.pipeline_part("preprocess_logits_for_metrics"):
+                logits = trainer.preprocess_logits_for_metrics(logits, label_ids)
         if logits is not None:
             predictions = logits if predictions is None else nested_concat(predictions, logits, padding_index=-100)
         if label_ids is not None:
@@ -63,9 +67,16 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]
     try:
         metrics = trainer.compute_metrics(prediction)
     except Exception as error:
+        shapes = f"predictions {_shapes(prediction.predictions)}, label_ids {_shapes(prediction.label_ids)}"
+        if _holds_ignore_index(prediction) and isinstance(error, (OverflowError, IndexError, TypeError)):
+            raise diagnosis.PipelineFailure(
+                f"compute_metrics raised {type(error).__name__} on the {description} predictions ({shapes}): the "
+                "label ids (and padded predictions) hold -100, which it decodes as a token id",
+                "replace -100 before decoding: labels = np.where(labels != -100, labels, tokenizer.pad_token_id) "
+                "(the same for predictions), then tokenizer.batch_decode(...)",
+            ) from error
         raise diagnosis.PipelineFailure(
-            f"compute_metrics raised {type(error).__name__} on the {description} predictions "
-            f"(predictions {_shapes(prediction.predictions)}, label_ids {_shapes(prediction.label_ids)})",
+            f"compute_metrics raised {type(error).__name__} on the {description} predictions ({shapes}): {error}",
             "fix compute_metrics for predictions of these shapes: it would crash after the first epoch",
         ) from error
     if not isinstance(metrics, dict):
@@ -88,8 +99,15 @@ def _prediction_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], devi
     if trainer.args.device.type == device:
         return trainer.prediction_step(model, batch, prediction_loss_only=False)
     loss, outputs = pipeline.loss(model, batch)
-    logits = outputs.get("logits") if isinstance(outputs, dict) else outputs[1]
-    return loss, logits, batch.get("labels")
+    return loss, model_facts.logits_of(outputs), batch.get("labels")
+
+
+def _holds_ignore_index(prediction: Any) -> bool:
+    import numpy as np
+
+    parts = [prediction.label_ids, prediction.predictions]
+    arrays = [item for part in parts for item in (part if isinstance(part, (tuple, list)) else [part])]
+    return any(isinstance(item, np.ndarray) and item.dtype.kind in "iu" and (item == -100).any() for item in arrays)
 
 
 def _finite_number(value: Any) -> bool:

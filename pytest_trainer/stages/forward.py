@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.tasks import Task
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
@@ -35,14 +36,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     return result
 
 
-def has_targets(batch: dict[str, Any], model: Any) -> bool:
+def has_targets(batch: dict[str, Any], task: Task) -> bool:
     """Whether the batch supervises any position: a loss over no target is NaN by definition, not a bug."""
     import torch
 
     labels = batch.get("labels")
     if not torch.is_tensor(labels) or labels.dtype.is_floating_point:
         return True
-    if model_facts.shifts_labels(model) and labels.dim() >= 2:
+    if task.shifts_labels and labels.dim() >= 2:
         labels = labels[..., 1:]
     return bool((labels != -100).any())
 

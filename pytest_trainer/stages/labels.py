@@ -22,8 +22,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
     from hypothesis import strategies as st
 
-    if model_facts.is_language_model(pipeline.model):
-        pytest.skip("a language model's labels are token ids, not classes: the lengths property covers them")
+    reason = pipeline.task.skip("labels")
+    if reason:
+        pytest.skip(reason)
     domain = strategies.label_domain(pipeline)
     column = pipeline.label_column(pipeline.training_table())
     if domain is None or column is None:
@@ -42,7 +43,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
             with torch.no_grad():
                 loss, _ = pipeline.loss(model, batch)
-            if has_targets(batch, model):
+            if has_targets(batch, pipeline.task):
                 checked_loss(loss)
         except Exception as error:
             raise _rejected(pipeline, domain, value, row, error) from error
@@ -80,7 +81,8 @@ def _rejected(pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, ro
     explained = diagnosis.explain(error, pipeline)
     if explained is not None and "problem_type" in explained.cause:
         return diagnosis.PipelineFailure(f"label {value!r} (row {row}): {explained.cause}", explained.fix)
-    width = model_facts.class_count(pipeline.model) or getattr(pipeline.model.config, "num_labels", None)
+    config = getattr(pipeline.model, "config", None)
+    width = model_facts.class_count(pipeline.model) or getattr(config, "num_labels", None)
     message = str(error)
     return diagnosis.PipelineFailure(
         f"label {value!r} of the domain {domain.describe()} is rejected by the loss on row {row}: "

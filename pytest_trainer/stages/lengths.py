@@ -25,9 +25,9 @@ UNSET_MAX_LENGTH = 10**12
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    model_input = model_facts.main_input(pipeline.model)
-    strategies.require_sequences(pipeline, "resize")
-    check_truncation_length(pipeline)
+    strategies.require_sequences(pipeline, "lengths")
+    model_input = pipeline.task.sequence or ""
+    risk = check_truncation_length(pipeline)
     model = pipeline.model_on(device)
     model.eval()
 
@@ -36,7 +36,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             batch = pipeline.collate(list(example.features), device)
             with torch.no_grad():
                 loss, _ = pipeline.loss(model, batch)
-            if has_targets(batch, model):
+            if has_targets(batch, pipeline.task):
                 checked_loss(loss)
         except Exception as error:
             found = diagnosis.explain(error, pipeline)
@@ -52,19 +52,25 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     search(strategies.batches(pipeline), fits, f"{pipeline.name}::lengths[{device}]", pipeline.settings.examples)
     limit = model_facts.position_limit(pipeline.model)
-    return StageResult("lengths", device, figures={"position_limit": float(limit or 0)})
+    return StageResult("lengths", device, figures={"position_limit": float(limit or 0)}, notes=[risk] if risk else [])
 
 
-def check_truncation_length(pipeline: Pipeline) -> None:
-    """truncation=True cuts at the tokenizer's model_max_length: it must not exceed the model's positions."""
+def check_truncation_length(pipeline: Pipeline) -> str | None:
+    """truncation=True cuts at the tokenizer's model_max_length: it must not exceed the model's positions.
+
+    A length set larger than the positions is a wrong setting (a tokenizer of another checkpoint): it fails.
+    An unset one is only a risk, since the dataset check has seen every row fit: it is a note.
+    """
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
     limit = model_facts.position_limit(pipeline.model)
     cap = getattr(tokenizer, "model_max_length", None)
     if limit is None or not isinstance(cap, int) or cap <= limit:
-        return
-    shown = "unset" if cap >= UNSET_MAX_LENGTH else str(cap)
+        return None
+    if cap >= UNSET_MAX_LENGTH:
+        return (f"the tokenizer has no model_max_length: every training row fits the model's {limit} positions, "
+                f"but truncation=True without max_length would not cut a longer text to fit")
     raise diagnosis.PipelineFailure(
-        f"the tokenizer's model_max_length is {shown} but the model has {limit} positions: truncation=True "
+        f"the tokenizer's model_max_length is {cap} but the model has {limit} positions: truncation=True "
         f"does not cut long texts to fit, and the first one longer than {limit} tokens crashes training",
         f"set tokenizer.model_max_length = {limit} (or tokenize with truncation=True, max_length={limit})",
     )

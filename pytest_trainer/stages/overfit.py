@@ -55,10 +55,12 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             curve.append(float(loss.detach().float()))
             if not math.isfinite(curve[-1]):
                 break
-            loss.backward()
+            with diagnosis.pipeline_part("backward() through the model"):
+                loss.backward()
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(trainable, clip)
-            optimizer.step()
+            with diagnosis.pipeline_part("the optimizer's step"):
+                optimizer.step()
             if step in (check_at, max_steps):
                 check_at *= 2
                 after = _eval_loss(pipeline, model, batch, allow_nan=True)

@@ -17,7 +17,6 @@ from pytest_trainer.stages import StageResult
 from pytest_trainer.stages.forward import has_targets
 
 if TYPE_CHECKING:
-    import torch
 
     from pytest_trainer.pipeline import Pipeline
 
@@ -28,8 +27,8 @@ TOLERANCE = 1e-4
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
 
-    model_input = model_facts.main_input(pipeline.model)
-    strategies.require_sequences(pipeline, "pad")
+    strategies.require_sequences(pipeline, "padding")
+    model_input = pipeline.task.sequence or ""
     check_pad_token(pipeline)
     model = pipeline.model_on(device)
     model.eval()
@@ -80,14 +79,14 @@ def compare(pipeline: Pipeline, model: Any, batch: dict[str, Any], model_input: 
     with torch.no_grad():
         padded_loss, padded_out = pipeline.loss(model, padded)
         alone_loss, alone_out = pipeline.loss(model, alone)
-    padded_logits, alone_logits = _logits(padded_out), _logits(alone_out)
+    padded_logits, alone_logits = model_facts.logits_of(padded_out), model_facts.logits_of(alone_out)
     if padded_logits is not None and alone_logits is not None:
         if padded_logits.dim() >= 3 and padded_logits.shape[1] == width:
             padded_logits = padded_logits[:, real]
         gap = float((padded_logits.float() - alone_logits.float()).abs().max())
         if gap > TOLERANCE * max(1.0, float(alone_logits.float().abs().max())):
             raise _changed(pipeline, padded, model_input, row, length, width, f"logits differ by {gap:.3g}")
-    if padded_loss is not None and alone_loss is not None and has_targets(alone, model):
+    if padded_loss is not None and alone_loss is not None and has_targets(alone, pipeline.task):
         gap = abs(float(padded_loss) - float(alone_loss))
         if gap > TOLERANCE * max(1.0, abs(float(alone_loss))):
             raise _changed(pipeline, padded, model_input, row, length, width,
@@ -106,13 +105,6 @@ def _real_positions(padded: dict[str, Any], model_input: str, length: int, pipel
     positions[width - length:] = left
     positions[:length] = not left
     return positions
-
-
-def _logits(outputs: Any) -> torch.Tensor | None:
-    if outputs is None:
-        return None
-    logits = outputs.get("logits") if isinstance(outputs, dict) else None
-    return logits
 
 
 def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: int, length: int, width: int,

@@ -56,8 +56,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         optimizer.zero_grad(set_to_none=True)
         loss, _ = pipeline.loss(model, batch)
         result.loss = checked_loss(loss)
-        loss.backward()
-        optimizer.step()
+        with diagnosis.pipeline_part("backward() through the model"):
+            loss.backward()
+        with diagnosis.pipeline_part("the optimizer's step"):
+            optimizer.step()
         if scheduler is not None:
             scheduler.step()
         after = dict(zip(trainable, fingerprints(list(trainable.values())), strict=True))
