@@ -37,7 +37,7 @@ class InternalError(Exception):
         first = str(error).splitlines()[0] if str(error) else ""
         self.cause = f"internal error of pytest-trainer in the {check} check ({type(error).__name__}: {first})"
         self.fix = "this is a bug of pytest-trainer, not of your pipeline: please report it with the traceback below"
-        super().__init__(f"{self.cause}\n  {self.fix}")
+        super().__init__(f"{self.cause}\n  fix: {self.fix}")
 
 
 @contextmanager
@@ -54,6 +54,11 @@ def pipeline_part(what: str) -> Iterator[None]:
 def part_of(error: BaseException) -> str | None:
     """The part of the user's pipeline that raised `error`, or None when the plugin's own code did."""
     return getattr(error, _PIPELINE_PART, None)
+
+
+def owned_by_pipeline(error: BaseException) -> bool:
+    """A failure found in the pipeline, or an exception a part of it raised (not a bug of the plugin)."""
+    return isinstance(error, PipelineFailure) or part_of(error) is not None
 
 
 def raised_by(error: BaseException, part: str) -> PipelineFailure:

@@ -49,7 +49,7 @@ class StageItem(pytest.Function):
         error = excinfo.value
         if isinstance(error, InternalError):
             info = pytest.ExceptionInfo.from_exception(error.error)
-            return f"{self.step.name}: {error}\n\n" + str(info.getrepr(style="long", chain=True))
+            return f"{self.step.name}: {error}\n\n" + str(info.getrepr(style="short", chain=True))
         if not isinstance(error, (PipelineFailure, ScriptError)):
             return super().repr_failure(excinfo)
         text = f"{self.step.name} failed: {error.render()}"

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     import torch
     from transformers import Trainer
 
+#: What torch and the tokenizers say when a collator meets samples of different lengths that nothing padded.
+UNEQUAL_LENGTHS = ("stack expects each tensor to be equal size", "expected sequence of length", "Unable to create tensor",
+                   "must be of equal size", "too many dimensions")
+TRAIN_LOADER = "the training dataloader (its dataset and data_collator)"
 #: Seed of the sampler that draws the fixed batch, so every stage and every run sees the same rows.
 BATCH_SEED = 0
 
@@ -100,13 +104,14 @@ class Pipeline:
         import torch
 
         if self._batch is None:
-            with torch.random.fork_rng(devices=[]), diagnosis.pipeline_part("the Trainer's train dataloader"):
+            with torch.random.fork_rng(devices=[]), diagnosis.pipeline_part(TRAIN_LOADER):
                 torch.manual_seed(BATCH_SEED)
                 loader = self.trainer.get_train_dataloader()
                 try:
                     batch = next(iter(loader))
                 except (ValueError, TypeError, RuntimeError) as error:
-                    raise (self.padding_problem() or error) from error
+                    unequal = any(sign in str(error) for sign in UNEQUAL_LENGTHS)
+                    raise ((self.padding_problem() if unequal else None) or error) from error
             self._batch = {key: value.cpu() if torch.is_tensor(value) else value for key, value in batch.items()}
         return self._batch
 

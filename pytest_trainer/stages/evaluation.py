@@ -97,9 +97,19 @@ def _prediction_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], devi
     """The Trainer's own prediction step where it places inputs on this device; the same by hand elsewhere."""
     trainer = pipeline.trainer
     if trainer.args.device.type == device:
-        return trainer.prediction_step(model, batch, prediction_loss_only=False)
+        return trainer.prediction_step(model, batch, prediction_loss_only=False, **_generation_settings(trainer))
     loss, outputs = pipeline.loss(model, batch)
     return loss, model_facts.logits_of(outputs), batch.get("labels")
+
+
+def _generation_settings(trainer: Any) -> dict[str, Any]:
+    """What Seq2SeqTrainer.evaluate passes to generate with predict_with_generate (max_length, num_beams)."""
+    args = trainer.args
+    if not getattr(args, "predict_with_generate", False) or hasattr(trainer, "_gen_kwargs"):
+        return {}
+    settings = {"max_length": getattr(args, "generation_max_length", None),
+                "num_beams": getattr(args, "generation_num_beams", None)}
+    return {name: value for name, value in settings.items() if value is not None}
 
 
 def _holds_ignore_index(prediction: Any) -> bool:

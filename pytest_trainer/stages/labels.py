@@ -46,6 +46,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             if has_targets(batch, pipeline.task):
                 checked_loss(loss)
         except Exception as error:
+            if not diagnosis.owned_by_pipeline(error):
+                raise
             raise _rejected(pipeline, domain, value, row, error) from error
 
     search(st.tuples(strategies.label_values(pipeline), strategies.rows(pipeline)), accepts,

@@ -39,6 +39,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             if has_targets(batch, pipeline.task):
                 checked_loss(loss)
         except Exception as error:
+            if not diagnosis.owned_by_pipeline(error):
+                raise
             found = diagnosis.explain(error, pipeline)
             rows = ("row " if len(example.rows) == 1 else "rows ") + ", ".join(map(str, example.rows))
             text = pipeline.decoded(example.features[0][model_input])
