@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from transformers import Trainer
 
 #: What torch and the tokenizers say when a collator meets samples of different lengths that nothing padded.
-UNEQUAL_LENGTHS = ("stack expects each tensor to be equal size", "expected sequence of length", "Unable to create tensor",
-                   "must be of equal size", "too many dimensions")
+UNEQUAL_LENGTHS = ("stack expects each tensor to be equal size", "expected sequence of length",
+                   "Unable to create tensor", "must be of equal size", "too many dimensions",
+                   "does not have a padding token")
 TRAIN_LOADER = "the training dataloader (its dataset and data_collator)"
 #: Seed of the sampler that draws the fixed batch, so every stage and every run sees the same rows.
 BATCH_SEED = 0

@@ -37,7 +37,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
     """Seq2seq targets the collator pads with the pad id instead of -100."""
-    from pytest_trainer.stages.dataset import padded_targets
+    from pytest_trainer.task_checks import padded_targets
 
     labels = batch.get("labels")
     if pipeline.task.labels != tasks.DECODER_TARGETS or labels is None or not hasattr(labels, "numpy"):

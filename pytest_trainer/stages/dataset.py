@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pytest_trainer import diagnosis, model_facts, tables, tasks
+from pytest_trainer import diagnosis, model_facts, tables, task_checks, tasks
 from pytest_trainer.stages import StageResult
 
 if TYPE_CHECKING:
@@ -45,8 +45,8 @@ def check_split(pipeline: Pipeline, split: FedSplit) -> pa.Table:
     check_finite(split.description, table)
     check_labels(pipeline, split)
     check_tokens(pipeline, split)
-    check_token_labels(pipeline, split)
-    check_target_padding(pipeline, split)
+    for check in task_checks.FOR_TASK.get(pipeline.task.labels, ()):
+        check(pipeline, split)
     return table
 
 
@@ -196,32 +196,6 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
         raise diagnosis.sequence_too_long(int(counts[index]), limit, f" in row {index} of the {description} dataset")
 
 
-def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
-    """Seq2seq targets padded with the pad id, not -100, train the model to write padding."""
-    table = split.table
-    column = pipeline.label_column(table)
-    if pipeline.task.labels != tasks.DECODER_TARGETS or column is None:
-        return
-    values, row_of = tables.flatten(table, column)
-    found = padded_targets(pipeline, values)
-    if found is not None:
-        index, count = found
-        raise diagnosis.pad_in_targets(values[index], count, f"row {row_of(index)} of the {split.description} dataset")
-
-
-def padded_targets(pipeline: Pipeline, values: np.ndarray) -> tuple[int, int] | None:
-    """(first index, count) of target positions holding the pad id, where the pad id cannot be a real target."""
-    tokenizer = getattr(pipeline.trainer, "processing_class", None)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(getattr(pipeline.model, "config", None), "pad_token_id", None)
-    real_ends = {getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "bos_token_id", None)}
-    if not isinstance(pad, int) or pad in real_ends or values.dtype.kind not in "iu":
-        return None
-    hits = np.flatnonzero(values == pad)
-    return (int(hits[0]), int(hits.size)) if hits.size else None
-
-
 def check_labels_vary(pipeline: Pipeline, table: pa.Table) -> None:
     """A classifier trained on one class only learns to predict that class."""
     column = pipeline.label_column(table)
@@ -254,40 +228,3 @@ def check_finite(description: str, table: pa.Table) -> None:
                 f"({bad.size} non-finite values in all): the loss becomes NaN where it meets them",
                 "drop or repair those rows before training (dataset.filter(...))",
             )
-
-
-def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
-    """In token classification, one label per token, and -100 on [CLS], [SEP] and padding."""
-    table, description = split.table, split.description
-    column = pipeline.label_column(table)
-    model_input = pipeline.task.sequence
-    if column is None or model_input is None or model_input not in table.column_names \
-            or pipeline.task.labels != tasks.TOKEN_CLASS:
-        return
-    token_counts, _ = tables.lengths(table, model_input)
-    label_counts, _ = tables.lengths(table, column)
-    if token_counts.shape == label_counts.shape and (token_counts != label_counts).any():
-        row = int(np.argmax(token_counts != label_counts))
-        raise diagnosis.PipelineFailure(
-            f"row {row} of the {description} dataset has {label_counts[row]} labels for {token_counts[row]} tokens: "
-            "token-classification labels must be aligned with the tokens, not with the words",
-            "align the labels with the tokens: use encoding.word_ids() to give each token its word's label "
-            "(or -100), as in the token-classification example",
-        )
-    tokenizer = getattr(pipeline.trainer, "processing_class", None)
-    special = getattr(tokenizer, "all_special_ids", None)
-    if tokenizer is None or not special:
-        return
-    ids, row_of = tables.flatten(table, model_input)
-    labels, _ = tables.flatten(table, column)
-    if ids.shape != labels.shape:
-        return
-    wrong = np.flatnonzero(np.isin(ids, special) & (labels != IGNORE_INDEX))
-    if wrong.size:
-        index = int(wrong[0])
-        token = tokenizer.convert_ids_to_tokens(int(ids[index]))
-        raise diagnosis.PipelineFailure(
-            f"positions of {token} carry label {labels[index]} (row {row_of(index)} of the {description} dataset, "
-            f"{wrong.size} special-token positions in all)",
-            f"set the labels of special tokens to -100 so the loss ignores them (word_ids() is None for {token})",
-        )

@@ -1,0 +1,121 @@
+"""Checks of the fed data that belong to one task, each registered under the labels it applies to.
+
+The `dataset` and `eval` stages run, for each split, the checks of the pipeline's task: token labels
+aligned with the tokens, seq2seq targets padded with -100, answer spans inside their sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pytest_trainer import diagnosis, tables, tasks
+
+if TYPE_CHECKING:
+    from pytest_trainer.fed import FedSplit
+    from pytest_trainer.pipeline import Pipeline
+
+#: Label value that the losses of transformers ignore.
+IGNORE_INDEX = -100
+
+
+def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
+    """Seq2seq targets padded with the pad id, not -100, train the model to write padding."""
+    table = split.table
+    column = pipeline.label_column(table)
+    if column is None:
+        return
+    values, row_of = tables.flatten(table, column)
+    found = padded_targets(pipeline, values)
+    if found is not None:
+        index, count = found
+        raise diagnosis.pad_in_targets(values[index], count, f"row {row_of(index)} of the {split.description} dataset")
+
+
+def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
+    """Answer spans inside their sequence: the QA loss silently ignores a position past the end."""
+    table, sequence = split.table, pipeline.task.sequence
+    names = ("start_positions", "end_positions")
+    if sequence is None or sequence not in table.column_names or not all(name in table.column_names for name in names):
+        return
+    lengths = tables.row_lengths(table, sequence)
+    starts, _ = tables.flatten(table, names[0])
+    ends, _ = tables.flatten(table, names[1])
+    if starts.shape != lengths.shape or ends.shape != lengths.shape:
+        return
+    outside = np.flatnonzero((starts >= lengths) | (ends >= lengths) | (starts < 0) | (ends < 0))
+    reversed_span = np.flatnonzero(starts > ends)
+    if outside.size:
+        row = int(outside[0])
+        raise diagnosis.PipelineFailure(
+            f"row {row} of the {split.description} dataset has an answer span {int(starts[row])}..{int(ends[row])} "
+            f"outside its {int(lengths[row])} tokens ({outside.size} rows in all): the loss ignores such positions, "
+            "so those answers are never learned",
+            "compute start_positions and end_positions on the tokenized sequence (offset_mapping), and point "
+            "answers cut off by truncation at the [CLS] position 0, as the question-answering example does",
+        )
+    if reversed_span.size:
+        row = int(reversed_span[0])
+        raise diagnosis.PipelineFailure(
+            f"row {row} of the {split.description} dataset has an answer that ends ({int(ends[row])}) before it "
+            f"starts ({int(starts[row])}) ({reversed_span.size} rows in all)",
+            "check how start_positions and end_positions are computed from the character offsets",
+        )
+
+
+def padded_targets(pipeline: Pipeline, values: np.ndarray) -> tuple[int, int] | None:
+    """(first index, count) of target positions holding the pad id, where the pad id cannot be a real target."""
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(getattr(pipeline.model, "config", None), "pad_token_id", None)
+    real_ends = {getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "bos_token_id", None)}
+    if not isinstance(pad, int) or pad in real_ends or values.dtype.kind not in "iu":
+        return None
+    hits = np.flatnonzero(values == pad)
+    return (int(hits[0]), int(hits.size)) if hits.size else None
+
+
+def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
+    """In token classification, one label per token, and -100 on [CLS], [SEP] and padding."""
+    table, description = split.table, split.description
+    column = pipeline.label_column(table)
+    model_input = pipeline.task.sequence
+    if column is None or model_input is None or model_input not in table.column_names:
+        return
+    token_counts, _ = tables.lengths(table, model_input)
+    label_counts, _ = tables.lengths(table, column)
+    if token_counts.shape == label_counts.shape and (token_counts != label_counts).any():
+        row = int(np.argmax(token_counts != label_counts))
+        raise diagnosis.PipelineFailure(
+            f"row {row} of the {description} dataset has {label_counts[row]} labels for {token_counts[row]} tokens: "
+            "token-classification labels must be aligned with the tokens, not with the words",
+            "align the labels with the tokens: use encoding.word_ids() to give each token its word's label "
+            "(or -100), as in the token-classification example",
+        )
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    special = getattr(tokenizer, "all_special_ids", None)
+    if tokenizer is None or not special:
+        return
+    ids, row_of = tables.flatten(table, model_input)
+    labels, _ = tables.flatten(table, column)
+    if ids.shape != labels.shape:
+        return
+    wrong = np.flatnonzero(np.isin(ids, special) & (labels != IGNORE_INDEX))
+    if wrong.size:
+        index = int(wrong[0])
+        token = tokenizer.convert_ids_to_tokens(int(ids[index]))
+        raise diagnosis.PipelineFailure(
+            f"positions of {token} carry label {labels[index]} (row {row_of(index)} of the {description} dataset, "
+            f"{wrong.size} special-token positions in all)",
+            f"set the labels of special tokens to -100 so the loss ignores them (word_ids() is None for {token})",
+        )
+
+
+FOR_TASK: dict[str, tuple[Callable[[Pipeline, FedSplit], None], ...]] = {
+    tasks.TOKEN_CLASS: (check_token_labels,),
+    tasks.DECODER_TARGETS: (check_target_padding,),
+    tasks.POSITIONS: (check_answer_positions,),
+}
