@@ -190,16 +190,19 @@ def explain(error: BaseException, facts: Any) -> PipelineFailure | None:
         found = facts.token_problem()
         if found is not None:
             return found
-    if "can't be cast to the desired output type" in message and "Float" in message:
-        config = getattr(getattr(facts, "model", None), "config", None)
-        if getattr(config, "problem_type", None) == "multi_label_classification":
-            width = getattr(config, "num_labels", None)
-            return PipelineFailure(
-                "multi-label classification (problem_type='multi_label_classification') needs float multi-hot "
-                f"labels, one row of {width} zeros and ones per example, but the labels are integer class ids",
-                f"give each example a float row of width {width} (e.g. [1.0, 0.0, 1.0]); for one class per example "
-                "drop problem_type='multi_label_classification'",
-            )
+    config = getattr(getattr(facts, "model", None), "config", None)
+    multi_label = getattr(config, "problem_type", None) == "multi_label_classification"
+    cast = "can't be cast to the desired output type" in message and "Float" in message
+    if multi_label and (cast or "must be the same as input size" in message):
+        width = getattr(config, "num_labels", None)
+        seen = "integer rows, not floats" if cast else "one value per example, not a row per example"
+        return PipelineFailure(
+            "multi-label classification (problem_type='multi_label_classification') needs float multi-hot "
+            f"labels, one row of {width} zeros and ones per example, but the labels are {seen}",
+            f"give each example a float row of width {width} (e.g. [1.0, 0.0, 1.0]); for one class per example "
+            "drop problem_type='multi_label_classification'",
+            [message.splitlines()[0]],
+        )
     if "must be the same as input size" in message or ("Found dtype" in message and "expected" in message):
         config = getattr(getattr(facts, "model", None), "config", None)
         problem = getattr(config, "problem_type", None)

@@ -208,9 +208,11 @@ class Pipeline:
 
     def token_problem(self) -> diagnosis.PipelineFailure | None:
         """Why an embedding lookup is out of range: a token id or a position too large."""
-        from pytest_trainer.stages import dataset
+        from pytest_trainer.stages import collate, dataset
 
-        return _first_failure(lambda: dataset.check_tokens(self, self.training))
+        return _first_failure(lambda: dataset.check_tokens(self, self.training)) or _first_failure(
+            lambda: collate.check_batch_tokens(self, self.first_batch())
+        )
 
     def padding_problem(self) -> diagnosis.PipelineFailure | None:
         """Samples of different lengths that nothing pads, named with the lengths of the first rows."""

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
     from pytest_trainer.pipeline import Pipeline
 
+#: Columns that mark where the documents packed into one row begin (TRL's packing).
+PACKING_COLUMNS = ("seq_lengths", "cu_seq_lens", "cu_seqlens")
 #: Rows always in reach of `rows()`: the longest ones, where length bugs live.
 LONGEST_ROWS = 8
 
@@ -158,6 +160,10 @@ def require_sequences(pipeline: Pipeline, check: str) -> None:
     table = pipeline.training_table()
     if column not in table.column_names or not tables.is_list(table.schema.field(column).type):
         pytest.skip(f"the training samples have no token sequence {column!r} whose length could vary")
+    packed = [name for name in PACKING_COLUMNS if name in table.column_names]
+    if packed:
+        pytest.skip(f"the training rows are packed ({packed[0]!r} marks the documents in each row): cutting or "
+                    "padding a row would split its documents; the dataset check covers their lengths")
 
 
 def _row_lengths(pipeline: Pipeline) -> np.ndarray:

@@ -33,6 +33,12 @@ VARIABLE = (CLASS, TOKEN_CLASS, CHOICE, FLOAT, MULTI_HOT)
 TOKEN_INPUTS = ("input_ids",)
 #: Trainers that build their own batches from preference pairs.
 PREFERENCE_TRAINERS = ("DPOTrainer", "RewardTrainer", "KTOTrainer", "ORPOTrainer", "CPOTrainer")
+#: The token-id columns those trainers tokenize into (TRL's names across its versions).
+PREFERENCE_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids", "completion_ids", "prompt_input_ids",
+                      "chosen_input_ids", "rejected_input_ids", "completion_input_ids", "input_ids_chosen",
+                      "input_ids_rejected")
+#: Batch keys of an encoder-decoder that run along the target, not along the encoder's tokens.
+DECODER_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
 
 _NOT_CLASSES = {
     TOKEN_IDS: "a language model's labels are token ids, not classes: the dataset and lengths checks cover them",
@@ -58,6 +64,16 @@ class Task:
     shifts_labels: bool = False
     #: The model is a transformers model whose inputs and labels follow the library's conventions.
     conventional: bool = True
+
+    @property
+    def token_columns(self) -> tuple[str, ...]:
+        """Sample or batch keys that hold token ids of the model's vocabulary."""
+        own = (self.sequence,) if self.sequence else ()
+        return own + PREFERENCE_COLUMNS if self.labels == PREFERENCE else own
+
+    def along_sequence(self, key: str) -> bool:
+        """Whether a batch key runs along the tokens of the sequence input (so padding it pads them)."""
+        return not (self.labels == DECODER_TARGETS and key in DECODER_KEYS)
 
     def skip(self, check: str) -> str | None:
         """Why `check` does not apply to this task, or None when it does."""

@@ -43,9 +43,9 @@ def test_class_ids_for_a_multi_label_head_are_explained(project: pytest.Pytester
     result = run_script(project)
     assert failures(result) == ["forward[cpu]"]
     result.stdout.fnmatch_lines([
-        "forward[[]cpu[]] failed: the labels do not fit the model's loss for "
-        "problem_type='multi_label_classification' with num_labels=3: *",
-        "*fix: *multi-label classification takes float multi-hot rows of width 3*",
+        "forward[[]cpu[]] failed: multi-label classification (problem_type='multi_label_classification') needs "
+        "float multi-hot labels, one row of 3 zeros and ones per example, but the labels are one value per example*",
+        "*fix: give each example a float row of width 3*",
     ])
 
 

@@ -27,12 +27,28 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "make the data collator return tensors (return_tensors='pt'), or drop those columns from the dataset",
         )
     check_target_padding(pipeline, batch)
+    check_batch_tokens(pipeline, batch)
     on_device = pipeline.batch_on(device)
     sizes = {len(value) for value in batch.values() if torch.is_tensor(value) and value.dim() > 0}
     result = StageResult("collate", device, batch=on_device, figures={"batch_size": float(max(sizes, default=0))})
     if loose:
         result.notes.append(f"values passed on as they are (not tensors): {', '.join(sorted(loose))}")
     return result
+
+
+def check_batch_tokens(pipeline: Pipeline, batch: dict) -> None:
+    """Token ids of the batch are rows of the input embedding (where the collator itself tokenizes, say)."""
+    import torch
+
+    rows = model_facts.vocabulary_rows(pipeline.model)
+    if rows is None:
+        return
+    for key in pipeline.task.token_columns:
+        ids = batch.get(key)
+        if torch.is_tensor(ids) and not ids.dtype.is_floating_point and ids.numel() and int(ids.max()) >= rows:
+            row = int(torch.nonzero(ids >= rows)[0][0])
+            where = f" in row {row} of the first batch the collator made ({key!r})"
+            raise diagnosis.token_beyond_vocabulary(int(ids.max()), rows, where)
 
 
 def check_target_padding(pipeline: Pipeline, batch: dict) -> None:

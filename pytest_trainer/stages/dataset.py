@@ -176,8 +176,7 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
     """Token ids are rows of the input embedding, and sequences fit the model's positions."""
     table, task, description = split.table, pipeline.task, split.description
     columns = [name for name in table.column_names
-               if (name == task.sequence or ("input_ids" in name and "decoder" not in name))
-               and tables.is_numeric(table.schema.field(name).type)]
+               if name in task.token_columns and tables.is_numeric(table.schema.field(name).type)]
     rows = model_facts.vocabulary_rows(pipeline.model)
     for column in columns:
         values, row_of = tables.flatten(table, column)

@@ -72,8 +72,10 @@ def compare(pipeline: Pipeline, model: Any, batch: dict[str, Any], model_input: 
     if width == length:
         return
     real = _real_positions(padded, model_input, length, pipeline)
+    task = pipeline.task
     alone = {
-        key: value[:, real] if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] == width else value
+        key: value[:, real] if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] == width
+        and task.along_sequence(key) else value
         for key, value in padded.items()
     }
     with torch.no_grad():
@@ -81,7 +83,7 @@ def compare(pipeline: Pipeline, model: Any, batch: dict[str, Any], model_input: 
         alone_loss, alone_out = pipeline.loss(model, alone)
     padded_logits, alone_logits = model_facts.logits_of(padded_out), model_facts.logits_of(alone_out)
     if padded_logits is not None and alone_logits is not None:
-        if padded_logits.dim() >= 3 and padded_logits.shape[1] == width:
+        if padded_logits.dim() >= 3 and padded_logits.shape[1] == width and task.along_sequence("labels"):
             padded_logits = padded_logits[:, real]
         gap = float((padded_logits.float() - alone_logits.float()).abs().max())
         if gap > TOLERANCE * max(1.0, float(alone_logits.float().abs().max())):
@@ -112,7 +114,7 @@ def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: 
     text = pipeline.decoded(padded[model_input][0].tolist()[:length] if "attention_mask" in padded else [])
     cut = f"{length} token" if length == 1 else f"{length} tokens"
     where = f"row {row} cut to {cut} gives other results alone and padded to {width} beside a longer row"
-    labels = padded.get("labels")
+    labels = padded.get("labels") if pipeline.task.along_sequence("labels") else None
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
     if "attention_mask" not in padded:
         cause, fix = "the batch has no attention_mask, so the model attends to the padding", (

@@ -1,0 +1,473 @@
+"""Pipelines beyond text classification: vision, audio, multiple choice, seq2seq, TRL, a model of one's own.
+
+Each style has a correct script (trained for 2 steps once with `python train.py` before its expectations were
+written), which must pass without a false alarm, and a broken form, which must fail at its stage with the cause named.
+"""
+
+from __future__ import annotations
+
+import numpy  # noqa: F401
+import PIL.Image  # noqa: F401
+import pytest
+import trl  # noqa: F401
+from conftest import ITEMS, failures, outcomes, run_script, write
+from task_scripts import LM
+from transformers import (  # noqa: F401
+    BertForMultipleChoice,
+    DataCollatorForMultipleChoice,
+    DataCollatorForSeq2Seq,
+    LlamaForCausalLM,
+    Seq2SeqTrainer,
+    T5ForConditionalGeneration,
+    ViTForImageClassification,
+    Wav2Vec2FeatureExtractor,
+    Wav2Vec2ForSequenceClassification,
+)
+from trl import DPOTrainer, SFTTrainer  # noqa: F401
+
+# The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
+
+#: The stages every correct pipeline with an eval split must pass; the property items may skip with a reason.
+CORE = ("dataset", "collate", "forward", "backward", "step", "overfit", "eval")
+
+
+def skip_reasons(result: pytest.RunResult) -> list[str]:
+    """The `-rs` summary lines of the run, printed so that a reader sees why items were skipped."""
+    lines = [line for line in result.outlines if line.startswith("SKIPPED [")]
+    for line in lines:
+        print(line)
+    return lines
+
+
+def check_correct(result: pytest.RunResult, passed: tuple[str, ...] = CORE, skipped: tuple[str, ...] = (),
+                  either: tuple[str, ...] = ()) -> dict[str, str]:
+    """No failure; `passed` items PASSED, `skipped` items SKIPPED, `either` items PASSED or SKIPPED; every item ran."""
+    statuses = outcomes(result)
+    skip_reasons(result)
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    assert set(statuses) == {f"{item}[cpu]" for item in ITEMS}, statuses
+    assert set(passed) | set(skipped) | set(either) == set(ITEMS)
+    assert {item: statuses[f"{item}[cpu]"] for item in passed} == dict.fromkeys(passed, "PASSED"), statuses
+    assert {item: statuses[f"{item}[cpu]"] for item in skipped} == dict.fromkeys(skipped, "SKIPPED"), statuses
+    return statuses
+
+
+def rest(*items: str) -> tuple[str, ...]:
+    return tuple(item for item in ITEMS if item not in items)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Vision, the documented recipe: an Image() column turned into pixel_values by set_transform.
+
+VISION = """
+    import random
+
+    import torch
+    from datasets import ClassLabel, Dataset, Features, Image
+    from PIL import Image as PILImage
+    from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    rng = random.Random(0)
+    colors = [(200, 30, 30), (30, 200, 30), (30, 30, 200)]
+    images = [PILImage.new("RGB", (40, 40), tuple(max(0, min(255, c + rng.randint(-40, 40))) for c in colors[i % 3]))
+              for i in range(24)]
+    features = Features({"image": Image(), "label": ClassLabel(names=["red", "green", "blue"])})
+    data = Dataset.from_dict({"image": images, "label": [i % 3 for i in range(24)]}, features=features)
+
+    processor = ViTImageProcessor(size={"height": 32, "width": 32})
+
+
+    def transform(batch):
+        batch["pixel_values"] = processor([image.convert("RGB") for image in batch["image"]],
+                                          return_tensors="pt")["pixel_values"]
+        return batch
+
+
+    data.set_transform(transform)
+
+
+    def collate_fn(examples):
+        return {"pixel_values": torch.stack([example["pixel_values"] for example in examples]),
+                "labels": torch.tensor([example["label"] for example in examples])}
+
+
+    config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=32, num_labels=3)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, remove_unused_columns=False,
+                             report_to="none")
+    trainer = Trainer(model=ViTForImageClassification(config), args=args, train_dataset=data, eval_dataset=data,
+                      data_collator=collate_fn, processing_class=processor)
+    trainer.train()
+"""
+
+
+def test_vision_set_transform_recipe_passes(project: pytest.Pytester) -> None:
+    write(project, "train.py", VISION)
+    result = run_script(project)
+    # Pixel inputs have no token lengths and no padding: those two property items skip, with a reason.
+    check_correct(result, passed=rest("lengths", "padding"), skipped=("lengths", "padding"))
+    result.stdout.re_match_lines([r"SKIPPED .*(image|pixel).*"])
+
+
+def test_vision_transform_starved_by_remove_unused_columns_fails_dataset(project: pytest.Pytester) -> None:
+    write(project, "train.py", VISION.replace("remove_unused_columns=False", "remove_unused_columns=True"))
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*transform*", "*remove_unused_columns=False*"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Audio: raw waveforms of varying lengths, a Wav2Vec2 feature extractor, a padding collator.
+
+AUDIO = """
+    import numpy as np
+    from datasets import Dataset
+    from transformers import (DataCollatorWithPadding, Trainer, TrainingArguments, Wav2Vec2Config,
+                              Wav2Vec2FeatureExtractor, Wav2Vec2ForSequenceClassification)
+
+    rng = np.random.default_rng(0)
+    waves, labels = [], []
+    for i in range(24):
+        length = int(rng.integers(800, 1601))
+        t = np.arange(length) / 16000
+        waves.append((np.sin(2 * np.pi * 220 * (i % 3 + 1) * t) + 0.05 * rng.standard_normal(length)).astype(np.float32))
+        labels.append({label})
+    raw = Dataset.from_dict({{"audio": waves, "label": labels}})
+
+    extractor = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True,
+                                         return_attention_mask=True)
+    data = raw.map(lambda batch: extractor(batch["audio"], sampling_rate=16000), batched=True, remove_columns=["audio"])
+    # feat_extract_norm="layer" (as in wav2vec2-large-lv60): the group norm of wav2vec2-base is not padding-invariant.
+    config = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                            conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2), num_feat_extract_layers=2,
+                            feat_extract_norm="layer", num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+                            classifier_proj_size=16, mask_time_prob=0.0, num_labels={num_labels})
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+    trainer = Trainer(model=Wav2Vec2ForSequenceClassification(config), args=args, train_dataset=data,
+                      eval_dataset=data, processing_class=extractor, data_collator=DataCollatorWithPadding(extractor))
+    trainer.train()
+"""
+
+
+def test_audio_classification_passes(project: pytest.Pytester) -> None:
+    write(project, "train.py", AUDIO.format(label="i % 3", num_labels=3))
+    result = run_script(project)
+    # Waveforms have no token positions: lengths and padding may skip, with a reason (where padding is covered, the
+    # layer-norm feature encoder with an attention mask is padding-invariant, so it must pass).
+    check_correct(result, passed=rest("lengths", "padding"), either=("lengths", "padding"))
+
+
+def test_audio_labels_beyond_the_head_fail_dataset(project: pytest.Pytester) -> None:
+    write(project, "train.py", AUDIO.format(label="i % 3", num_labels=2))
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*3 classes*2 outputs*", "*fix:*num_labels=3*"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Multiple choice: input_ids of shape [choices][tokens] per row, as in transformers' run_swag.
+
+MULTIPLE_CHOICE = """
+    import random
+
+    import tiny
+    from datasets import Dataset
+    from transformers import BertForMultipleChoice, DataCollatorForMultipleChoice, Trainer, TrainingArguments
+
+    rng = random.Random(0)
+    contexts = tiny.sentences(32, seed=1, shortest=2, longest=6)
+    endings = [[" ".join(rng.choice(tiny.WORDS) for _ in range(rng.randint(1, 5))) for _ in range(4)] for _ in contexts]
+    labels = [i % 4 for i in range(len(contexts))]
+    {edit}
+    raw = Dataset.from_dict({{"sent1": contexts, **{{f"ending{{j}}": [e[j] for e in endings] for j in range(4)}},
+                             "label": labels}})
+    tok = tiny.tokenizer()
+
+
+    def preprocess(batch):
+        first = [[context] * 4 for context in batch["sent1"]]
+        second = [[batch[f"ending{{j}}"][i] for j in range(4)] for i in range(len(batch["sent1"]))]
+        encoded = tok(sum(first, []), sum(second, []), truncation=True)
+        return {{key: [values[i:i + 4] for i in range(0, len(values), 4)] for key, values in encoded.items()}}
+
+
+    data = raw.map(preprocess, batched=True, remove_columns=["sent1", "ending0", "ending1", "ending2", "ending3"])
+    # num_labels=2 is what a pretrained checkpoint's config brings; a multiple-choice head has one output per choice.
+    model = BertForMultipleChoice(tiny.config(num_labels=2))
+    # Trained from scratch: at 5e-5 this random model's loss moves by 1e-6 in 300 steps on one batch; at 1e-3 it
+    # falls 0.1% within about 55 steps and to 0.3 by 100.
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=1e-3, report_to="none")
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
+                      data_collator=DataCollatorForMultipleChoice(tok))
+    trainer.train()
+"""
+
+
+def test_multiple_choice_passes(project: pytest.Pytester) -> None:
+    write(project, "train.py", MULTIPLE_CHOICE.format(edit=""))
+    result = run_script(project)
+    # Rows of [choices][tokens]: the padding property may not cover the choices axis, and skips with a reason.
+    check_correct(result, passed=rest("padding"), either=("padding",))
+
+
+def test_multiple_choice_label_beyond_the_choices_fails_dataset(project: pytest.Pytester) -> None:
+    write(project, "train.py", MULTIPLE_CHOICE.format(edit="labels[5] = 4"))
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*4*choices*"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Seq2seq with generate: a tiny T5, Seq2SeqTrainer(predict_with_generate=True), DataCollatorForSeq2Seq.
+
+SEQ2SEQ = """
+    import numpy as np
+    import tiny
+    from datasets import Dataset
+    from transformers import (DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, T5Config,
+                              T5ForConditionalGeneration)
+
+    tok = tiny.tokenizer()
+    sources = tiny.sentences(32, seed=2, shortest=3, longest=10)
+    targets = [" ".join(source.split()[:len(source.split()) // 2][::-1]) for source in sources]
+    raw = Dataset.from_dict({"source": sources, "target": targets})
+
+
+    def preprocess(batch):
+        encoded = tok(batch["source"], truncation=True, max_length=32)
+        encoded["labels"] = tok(text_target=batch["target"], truncation=True, max_length=8)["input_ids"]
+        return encoded
+
+
+    data = raw.map(preprocess, batched=True, remove_columns=["source", "target"])
+    config = T5Config(vocab_size=len(tiny.VOCAB), d_model=16, d_ff=32, d_kv=8, num_layers=1, num_decoder_layers=1,
+                      num_heads=2, pad_token_id=tok.pad_token_id, eos_token_id=tok.sep_token_id,
+                      decoder_start_token_id=tok.pad_token_id)
+    model = T5ForConditionalGeneration(config)
+
+
+    def compute_metrics(prediction):
+        predictions, label_ids = prediction
+        label_ids = np.where(label_ids != -100, label_ids, tok.pad_token_id)
+        predictions = np.where(predictions != -100, predictions, tok.pad_token_id)
+        decoded = tok.batch_decode(predictions, skip_special_tokens=True)
+        references = tok.batch_decode(label_ids, skip_special_tokens=True)
+        return {"exact_match": float(np.mean([p.strip() == r.strip() for p, r in zip(decoded, references)]))}
+
+
+    args = Seq2SeqTrainingArguments(output_dir="out", per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                                    predict_with_generate=True, generation_max_length=8, report_to="none")
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
+                             data_collator=DataCollatorForSeq2Seq(tok, model=model), compute_metrics=compute_metrics)
+    trainer.train()
+"""
+
+
+def test_seq2seq_with_generate_passes(project: pytest.Pytester) -> None:
+    write(project, "train.py", SEQ2SEQ)
+    result = run_script(project)
+    # Target token ids are no class labels: the labels property skips them. Padding the encoder input beside a
+    # longer row changes nothing (labels are padded with -100 apart from the inputs): padding passes or skips.
+    check_correct(result, passed=rest("labels", "padding"), skipped=("labels",), either=("padding",))
+
+
+def test_seq2seq_pad_ids_left_in_the_labels_fail_dataset(project: pytest.Pytester) -> None:
+    script = SEQ2SEQ.replace('tok(text_target=batch["target"], truncation=True',
+                             'tok(text_target=batch["target"], padding="max_length", truncation=True')
+    assert script != SEQ2SEQ
+    write(project, "train.py", script)
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*pad*", "*-100*"])
+
+
+def test_seq2seq_metrics_decoding_minus_100_fail_eval(project: pytest.Pytester) -> None:
+    script = SEQ2SEQ.replace("        label_ids = np.where(label_ids != -100, label_ids, tok.pad_token_id)\n", "")
+    assert script != SEQ2SEQ
+    write(project, "train.py", script)
+    result = run_script(project)
+    assert failures(result) == ["eval[cpu]"]
+    result.stdout.fnmatch_lines(["*eval[[]cpu[]] failed*-100*"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. DPO with TRL, and 6. packed SFT with TRL, on a tiny Llama.
+
+DPO = """
+    import copy
+
+    import lm
+    import tiny
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    prompts = tiny.sentences(32, seed=3, shortest=2, longest=6)
+    data = Dataset.from_dict({"prompt": prompts,
+                              "chosen": [" " + " ".join(p.split()[::-1]) for p in prompts],
+                              "rejected": [" " + " ".join(sorted(p.split())) for p in prompts]})
+    model = lm.model()
+    args = DPOConfig(output_dir="out", bf16=False, per_device_train_batch_size=4, max_length=32, report_to=[])
+    # A model built from a config has no checkpoint for DPOTrainer to load the reference from: pass a copy.
+    trainer = DPOTrainer(model, ref_model=copy.deepcopy(model), args=args, train_dataset=data,
+                         processing_class=lm.tokenizer())
+    trainer.train()
+"""
+
+SFT_PACKED = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    data = Dataset.from_dict({"text": tiny.sentences(48, seed=4)})
+    args = SFTConfig(output_dir="out", packing=True, max_length=32, bf16=False, per_device_train_batch_size=4,
+                     report_to=[])
+    trainer = SFTTrainer(lm.model(), args=args, train_dataset=data, eval_dataset=data, processing_class=lm.tokenizer())
+    trainer.train()
+"""
+
+#: The model's embedding has 20 rows but the tokenizer's words go up to id 23.
+SMALL_VOCAB = ("lm.model()", "lm.model(vocab_size=20)")
+
+
+@pytest.fixture
+def trl_project(project: pytest.Pytester) -> pytest.Pytester:
+    project.makepyfile(lm=LM)
+    return project
+
+
+def test_dpo_passes(trl_project: pytest.Pytester) -> None:
+    write(trl_project, "train.py", DPO)
+    result = run_script(trl_project)
+    # No eval split; preference pairs have no label column; lengths and padding may not apply to them either.
+    check_correct(result, passed=("dataset", "collate", "forward", "backward", "step", "overfit"),
+                  skipped=("eval", "labels"), either=("lengths", "padding"))
+    result.stdout.fnmatch_lines(["*SKIPPED*no eval_dataset*"])
+
+
+def test_dpo_token_ids_beyond_the_embedding_fail_dataset(trl_project: pytest.Pytester) -> None:
+    write(trl_project, "train.py", DPO.replace(*SMALL_VOCAB))
+    result = run_script(trl_project)
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*token id*"])
+
+
+def test_packed_sft_passes(trl_project: pytest.Pytester) -> None:
+    write(trl_project, "train.py", SFT_PACKED)
+    result = run_script(trl_project)
+    # Token-id labels skip; packed rows (one row of max_length, position_ids restarting per sequence) may make
+    # lengths and padding skip too, with a reason, but neither may fail.
+    check_correct(result, passed=CORE, skipped=("labels",), either=("lengths", "padding"))
+
+
+def test_packed_sft_token_ids_beyond_the_embedding_fail_dataset(trl_project: pytest.Pytester) -> None:
+    write(trl_project, "train.py", SFT_PACKED.replace(*SMALL_VOCAB))
+    result = run_script(trl_project)
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*token id*"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 7. A model of the user's own: a torch.nn.Module with its own input names, its own collator.
+
+OWN_MODEL = """
+    import tiny
+    import torch
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+    texts = tiny.sentences(48, seed=5)
+    data = Dataset.from_dict({"tokens": tok(texts)["input_ids"], "target": [len(t.split()) % 3 for t in texts]})
+
+
+    class BagOfWords(torch.nn.Module):
+        def __init__(self, vocab_size, classes):
+            super().__init__()
+            self.embed = torch.nn.EmbeddingBag(vocab_size, 16, mode="mean", padding_idx=0)
+            self.head = torch.nn.Linear(16, classes)
+
+        def forward(self, tokens, target=None):
+            logits = self.head(self.embed(tokens))
+            loss = torch.nn.functional.cross_entropy(logits, target) if target is not None else None
+            return {"loss": loss, "logits": logits}
+
+
+    def collate(rows):
+        longest = max(len(row["tokens"]) for row in rows)
+        tokens = torch.tensor([row["tokens"] + [0] * (longest - len(row["tokens"])) for row in rows])
+        return {"tokens": tokens, "target": torch.tensor([row["target"] for row in rows])}
+
+
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, remove_unused_columns=False,
+                             label_names=["target"], report_to="none")
+    trainer = Trainer(model=BagOfWords(len(tiny.VOCAB), 3), args=args, train_dataset=data, eval_dataset=data,
+                      data_collator=collate)
+    trainer.train()
+"""
+
+RETURNS_DICT = 'return {"loss": loss, "logits": logits}'
+RETURNS_TUPLE = "return (loss, logits) if loss is not None else (logits,)"
+
+
+@pytest.mark.parametrize("returns", [RETURNS_DICT, RETURNS_TUPLE], ids=["dict", "tuple"])
+def test_own_module_with_its_own_input_names_passes(project: pytest.Pytester, returns: str) -> None:
+    write(project, "train.py", OWN_MODEL.replace(RETURNS_DICT, returns))
+    result = run_script(project)
+    check_correct(result, passed=rest("labels", "lengths", "padding"), either=("labels", "lengths", "padding"))
+    assert "untokenized" not in result.stdout.str()
+
+
+def test_own_module_loss_from_detached_logits_fails_backward(project: pytest.Pytester) -> None:
+    script = OWN_MODEL.replace("cross_entropy(logits, target)", "cross_entropy(logits.detach(), target)")
+    assert script != OWN_MODEL
+    write(project, "train.py", script)
+    result = run_script(project)
+    assert failures(result) == ["backward[cpu]"]
+    result.stdout.re_match_lines([r".*backward\[cpu\] failed.*(detached|no gradient).*"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 8. Multi-label classification: BCE-with-logits needs float multi-hot rows.
+
+MULTI_LABEL = """
+    import tiny
+    from transformers import BertForSequenceClassification, Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+    words = ("red", "blue", "big")
+
+
+    def tag(batch):
+        encoded = tok(batch["text"], truncation=True)
+        encoded["labels"] = [{labels} for text in batch["text"]]
+        return encoded
+
+
+    data = tiny.text_dataset().map(tag, batched=True, remove_columns=["text", "label"])
+    model = BertForSequenceClassification(tiny.config(num_labels=3, problem_type="multi_label_classification"))
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok)
+    trainer.train()
+"""
+
+MULTI_HOT = "[float(word in text.split()) for word in words]"
+
+
+def test_multi_label_with_float_multi_hot_rows_passes(project: pytest.Pytester) -> None:
+    write(project, "train.py", MULTI_LABEL.format(labels=MULTI_HOT))
+    result = run_script(project)
+    # Multi-hot rows are no class ids: the labels property may skip them, with a reason.
+    check_correct(result, passed=rest("labels"), either=("labels",))
+
+
+@pytest.mark.parametrize("labels", [
+    "sum(word in text.split() for word in words) % 3",  # one integer class id per row
+    "[int(word in text.split()) for word in words]",  # multi-hot rows, but integers
+], ids=["class-ids", "int-multi-hot"])
+def test_multi_label_with_integer_labels_fails_naming_float_multi_hot(project: pytest.Pytester, labels: str) -> None:
+    write(project, "train.py", MULTI_LABEL.format(labels=labels))
+    result = run_script(project)
+    assert failures(result) in (["dataset[cpu]"], ["forward[cpu]"])
+    # The first line of the failure names the cause, not only torch's "result type Float can't be cast".
+    result.stdout.re_match_lines([r"(?i).*(dataset|forward)\[cpu\] failed:.*multi.?label.*float.*"])
