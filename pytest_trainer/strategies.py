@@ -127,6 +127,8 @@ def resize(row: dict[str, Any], length: int, pipeline: Pipeline) -> dict[str, An
     for key, value in row.items():
         plain = _plain(value)
         resized[key] = _resized(plain, length) if _same_shape(plain, sequence) else value
+        if key in pipeline.task.positions and isinstance(plain, int) and plain >= length:
+            resized[key] = 0  # an answer cut off points at [CLS], as the question-answering example does
     return resized
 
 

@@ -64,6 +64,8 @@ class Task:
     shifts_labels: bool = False
     #: The model is a transformers model whose inputs and labels follow the library's conventions.
     conventional: bool = True
+    #: Labels that are positions in the sequence (an answer span).
+    positions: tuple[str, ...] = ()
 
     @property
     def token_columns(self) -> tuple[str, ...]:
@@ -84,6 +86,9 @@ class Task:
                 return "preference pairs are tokenized and padded by the trainer itself, as chosen and rejected"
             if self.sequence is None:
                 return f"{self.name}: the model takes no token sequence whose length could vary"
+            if check == "padding" and self.positions:
+                return "question answering: the softmax over answer positions spans the padding too (transformers' " \
+                       "QA heads do not mask it), so padded and unpadded losses differ by design"
             if check == "padding" and self.nested:
                 return "multiple choice pads every choice of a row to one length: the padding property does not " \
                        "cover a choices axis"
@@ -108,7 +113,7 @@ def detect(model: Any, trainer: Any) -> Task:
     if kind.endswith("ForTokenClassification"):
         return Task("token classification", TOKEN_CLASS, sequence)
     if kind.endswith("ForQuestionAnswering"):
-        return Task("question answering", POSITIONS, sequence)
+        return Task("question answering", POSITIONS, sequence, positions=("start_positions", "end_positions"))
     if kind.endswith("ForCTC"):
         return Task("speech recognition (CTC)", TRANSCRIPT, sequence)
     if kind.endswith(("ForCausalLM", "LMHeadModel")):

@@ -471,3 +471,100 @@ def test_multi_label_with_integer_labels_fails_naming_float_multi_hot(project: p
     assert failures(result) in (["dataset[cpu]"], ["forward[cpu]"])
     # The first line of the failure names the cause, not only torch's "result type Float can't be cast".
     result.stdout.re_match_lines([r"(?i).*(dataset|forward)\[cpu\] failed:.*multi.?label.*float.*"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 9. Extractive question answering: answer spans are positions in the tokenized sequence.
+
+QA = """
+    import tiny
+    from datasets import Dataset
+    from transformers import BertForQuestionAnswering, Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+    encoded = tok(tiny.sentences(32, seed=5, shortest=4), tiny.sentences(32, seed=6, shortest=4), truncation=True)
+    starts = [len(ids) // 2 for ids in encoded["input_ids"]]
+    ends = [start + 1 for start in starts]
+    {edit}
+    data = Dataset.from_dict({{**encoded, "start_positions": starts, "end_positions": ends}})
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+    trainer = Trainer(model=BertForQuestionAnswering(tiny.config(num_labels=2)), args=args, train_dataset=data,
+                      eval_dataset=data, processing_class=tok)
+    trainer.train()
+"""
+
+
+def test_question_answering_passes(project: pytest.Pytester) -> None:
+    write(project, "train.py", QA.format(edit=""))
+    result = run_script(project)
+    check_correct(result, passed=rest("labels", "padding"), skipped=("labels", "padding"))
+    result.stdout.fnmatch_lines(["*SKIPPED*start and end positions in each sequence, not classes*"])
+
+
+def test_question_answering_span_past_the_sequence_fails_dataset(project: pytest.Pytester) -> None:
+    # Character offsets taken for token positions: the span lies beyond the tokens, and the loss ignores it.
+    write(project, "train.py", QA.format(edit="ends[7] = starts[7] = 90"))
+    result = run_script(project)
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines([
+        "dataset[[]cpu[]] failed: row 7 of the training dataset has an answer span 90..90 outside its * tokens*",
+        "*fix: compute start_positions and end_positions on the tokenized sequence*",
+    ])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 10. The transformers examples' style: HfArgumentParser dataclasses with required arguments.
+
+ARGPARSE = """
+    from dataclasses import dataclass, field
+
+    import tiny
+    from transformers import HfArgumentParser, Trainer, TrainingArguments
+
+
+    @dataclass
+    class ModelArguments:
+        num_labels: int = field(metadata={"help": "classes of the head"})
+        hidden_size: int = field(default=16)
+
+
+    def main():
+        parser = HfArgumentParser((ModelArguments, TrainingArguments))
+        model_args, training_args = parser.parse_args_into_dataclasses()
+        tok = tiny.tokenizer()
+        data = tiny.tokenized(tiny.text_dataset(), tok)
+        model = tiny.classifier(num_labels=model_args.num_labels, hidden_size=model_args.hidden_size)
+        trainer = Trainer(model=model, args=training_args, train_dataset=data, eval_dataset=data,
+                          processing_class=tok)
+        trainer.train()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_hf_argument_parser_with_required_arguments(project: pytest.Pytester) -> None:
+    write(project, "train.py", ARGPARSE)
+    result = run_script(project, "--trainer-args=--num_labels 3 --output_dir out --per_device_train_batch_size 8",
+                        "--trainer-stages=dataset,forward,step")
+    assert outcomes(result) == dict.fromkeys(["dataset[cpu]", "forward[cpu]", "step[cpu]"], "PASSED")
+    assert not (project.path / "out").exists()
+
+
+def test_hf_argument_parser_missing_a_required_argument_names_trainer_args(project: pytest.Pytester) -> None:
+    write(project, "train.py", ARGPARSE)
+    result = run_script(project, "--trainer-args=--output_dir out", "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines([
+        "*the script exited (sys.exit with code 2) before building a Trainer*",
+        "*required*--num_labels*",
+        "*fix: the script's argument parser rejected*--trainer-args=*",
+    ])
+
+
+def test_hf_argument_parser_wrong_value_fails_at_its_stage(project: pytest.Pytester) -> None:
+    write(project, "train.py", ARGPARSE)
+    result = run_script(project, "--trainer-args=--num_labels 2 --output_dir out", "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*"])
