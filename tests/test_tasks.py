@@ -6,6 +6,8 @@ written), which must pass without a false alarm, and a broken form, which must f
 
 from __future__ import annotations
 
+import json
+
 import numpy  # noqa: F401
 import PIL.Image  # noqa: F401
 import pytest
@@ -208,6 +210,15 @@ def test_multiple_choice_passes(project: pytest.Pytester) -> None:
     result = run_script(project)
     # Rows of [choices][tokens]: the padding property may not cover the choices axis, and skips with a reason.
     check_correct(result, passed=rest("padding"), either=("padding",))
+
+
+def test_slow_learning_at_a_fine_tuning_rate_is_no_false_alarm(project: pytest.Pytester) -> None:
+    # The same random model at 5e-5 moves its loss too little in 150 steps; a faster rate shows the pipeline learns.
+    write(project, "train.py", MULTIPLE_CHOICE.format(edit="").replace("learning_rate=1e-3", "learning_rate=5e-5"))
+    result = run_script(project, "--trainer-stages=overfit", "--trainer-report=report.json")
+    assert outcomes(result) == {"overfit[cpu]": "PASSED"}
+    notes = [note for item in json.loads((project.path / "report.json").read_text())["items"] for note in item["notes"]]
+    assert any(note.startswith("the loss fell only at ") and "at the script's rate: loss" in note for note in notes), notes
 
 
 def test_multiple_choice_label_beyond_the_choices_fails_dataset(project: pytest.Pytester) -> None:
