@@ -75,7 +75,11 @@ class FedSplit:
 
         dataset = self.dataset
         if not self.transformed:
-            return tables.stored(dataset, STORED_ROWS)
+            table = tables.stored(dataset, STORED_ROWS)
+            shown = dataset.format.get("columns")  # set_format(columns=...) feeds only those
+            if shown and not dataset.format.get("output_all_columns"):
+                table = table.select([name for name in shown if name in table.column_names])
+            return table
         if isinstance(dataset, datasets.Dataset):
             count = len(dataset) if not self._rows else min(len(dataset), self._rows)
             columns: dict[str, list[Any]] = {}

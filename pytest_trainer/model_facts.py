@@ -13,9 +13,16 @@ _CLASSIFIER_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification")
 
 
 def base_model(model: Any) -> Any:
-    """The model under a PEFT or similar wrapper, whose config and class tell the task."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
+    """The model under its wrappers (PEFT, torch.compile, DistributedDataParallel), whose class tells the task."""
+    for _ in range(4):
+        get_base = getattr(model, "get_base_model", None)
+        inner = get_base() if callable(get_base) else getattr(model, "_orig_mod", None)
+        if inner is None and type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
+            inner = model.module
+        if inner is None or inner is model:
+            return model
+        model = inner
+    return model
 
 
 def class_count(model: Any) -> int | None:

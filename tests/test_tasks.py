@@ -579,3 +579,21 @@ def test_hf_argument_parser_wrong_value_fails_at_its_stage(project: pytest.Pytes
     result = run_script(project, "--trainer-args=--num_labels 2 --output_dir out", "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(["dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*"])
+
+
+def test_set_format_columns_are_what_is_fed(project: pytest.Pytester) -> None:
+    # The text column stays stored, but set_format(columns=...) keeps it out of every sample the collator sees.
+    write(project, "train.py", """
+        import tiny
+        from transformers import Trainer, TrainingArguments
+
+        tok = tiny.tokenizer()
+        data = tiny.text_dataset().map(lambda batch: tok(batch["text"], truncation=True), batched=True)
+        data.set_format(type="torch", columns=["input_ids", "attention_mask", "label"])
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, remove_unused_columns=False,
+                                 report_to="none")
+        trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
+        trainer.train()
+    """)
+    result = run_script(project, "--trainer-stages=dataset,collate,forward")
+    assert outcomes(result) == dict.fromkeys(["dataset[cpu]", "collate[cpu]", "forward[cpu]"], "PASSED")
