@@ -58,6 +58,8 @@ class _Capture:
         self.built: list[Trainer] = []
         self.started: Trainer | None = None
         self.sampled: list[str] = []
+        #: Mixed-precision settings turned off because this machine has no GPU, one line per arguments object.
+        self.precision: list[str] = []
 
     @property
     def trainer(self) -> Trainer | None:
@@ -80,6 +82,8 @@ class LoadedScript:
     trainer: Trainer
     #: What --trainer-sample cut, one line per split, for the report.
     sampled: tuple[str, ...]
+    #: Mixed precision asked for by the script and turned off on this machine without a GPU.
+    precision: tuple[str, ...] = ()
 
 
 def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -135,7 +139,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         )
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
-    return LoadedScript(trainer, tuple(capture.sampled))
+    return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision))
 
 
 def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
@@ -193,8 +197,11 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
     original_init = Trainer.__init__
 
     def post_init(self: Any) -> None:
+        asked = precision_for_this_machine(self)
         original_post_init(self)
         sandbox_arguments(self, sandbox)
+        if asked and asked not in capture.precision:
+            capture.precision.append(asked)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         arguments = kwargs.get("args", args[1] if len(args) > 1 else None)
@@ -215,6 +222,30 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         for name in STOP_METHODS:
             stack.enter_context(mock.patch.object(Trainer, name, stop))
         yield
+
+
+#: Settings that ask for a GPU's number formats: transformers rejects bf16 and tf32 without one (TRL's configs
+#: default to bf16=True), and accelerate silently drops fp16 on a CPU.
+GPU_PRECISION = ("bf16", "fp16", "bf16_full_eval", "fp16_full_eval", "tf32")
+
+
+def precision_for_this_machine(args: Any) -> str:
+    """Without a GPU, turn the script's mixed precision off so that it builds its Trainer; say what it asked for.
+
+    The CPU items then run in fp32; on a machine with a GPU nothing changes, and the CUDA items use the script's
+    own precision.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return ""
+    asked = [name for name in GPU_PRECISION if getattr(args, name, None)]
+    for name in asked:
+        setattr(args, name, None if name == "tf32" else False)
+    if not asked:
+        return ""
+    return (f"the script asks for {', '.join(f'{name}=True' for name in asked)}; this machine has no GPU, so the "
+            "items run in fp32 (the cuda items use the script's precision where a GPU is present)")
 
 
 def sandbox_arguments(args: Any, sandbox: Sandbox) -> None:

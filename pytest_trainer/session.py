@@ -56,6 +56,7 @@ class TrainerSession:
         name = script.relative_to(self.rootpath).as_posix() if script.is_relative_to(self.rootpath) else script.name
         pipeline = self._pipeline(loaded.trainer, name)
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
+        pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
         return pipeline
 
     def fixture_pipeline(self, trainer: Any, name: str) -> Pipeline:
