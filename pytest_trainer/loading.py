@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
+from pytest_trainer import script_errors
+
 if TYPE_CHECKING:
     from transformers import Trainer
 
@@ -123,6 +125,9 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
                 _script_frame(script, error),
             ) from error
         except Exception as error:
+            explained = script_errors.explain(error)
+            if explained is not None:
+                raise ScriptError(script, *explained, _script_frame(script, error)) from error
             raise ScriptError(
                 script,
                 f"the script raised {type(error).__name__}: {error}",

@@ -11,12 +11,13 @@ from typing import TypeVar
 
 #: The stages in pipeline order: a stage only makes sense once the ones it needs work.
 STAGES: tuple[str, ...] = (
-    "dataset", "collate", "forward", "backward", "step", "overfit", "eval",
+    "dataset", "collate", "targets", "forward", "backward", "step", "overfit", "eval",
     "labels", "lengths", "padding",  # hypothesis-driven properties
 )
 #: What each stage needs: when one of these fails, the stage is skipped as blocked instead of failing again.
 NEEDS: dict[str, tuple[str, ...]] = {
     "collate": ("dataset",),
+    "targets": ("collate",),
     "forward": ("collate",),
     "backward": ("forward",),
     "step": ("backward",),

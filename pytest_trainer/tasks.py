@@ -79,6 +79,8 @@ class Task:
 
     def skip(self, check: str) -> str | None:
         """Why `check` does not apply to this task, or None when it does."""
+        if check == "targets" and not (self.labels == TOKEN_IDS and self.shifts_labels):
+            return f"{self.name}: no causal-LM supervision to audit (the dataset stage checks these labels)"
         if check == "labels" and self.labels not in VARIABLE:
             return _NOT_CLASSES.get(self.labels, _NOT_CLASSES[UNKNOWN])
         if check in ("lengths", "padding"):

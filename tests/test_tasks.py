@@ -42,20 +42,24 @@ def skip_reasons(result: pytest.RunResult) -> list[str]:
 
 
 def check_correct(result: pytest.RunResult, passed: tuple[str, ...] = CORE, skipped: tuple[str, ...] = (),
-                  either: tuple[str, ...] = ()) -> dict[str, str]:
-    """No failure; `passed` items PASSED, `skipped` items SKIPPED, `either` items PASSED or SKIPPED; every item ran."""
+                  either: tuple[str, ...] = (), targets: str = "SKIPPED") -> dict[str, str]:
+    """No failure; `passed` items PASSED, `skipped` items SKIPPED, `either` items PASSED or SKIPPED; every item ran.
+
+    `targets` audits causal-LM supervision: it skips for every other task.
+    """
     statuses = outcomes(result)
     skip_reasons(result)
     assert failures(result) == [], result.stdout.str()[-6000:]
     assert set(statuses) == {f"{item}[cpu]" for item in ITEMS}, statuses
-    assert set(passed) | set(skipped) | set(either) == set(ITEMS)
+    assert statuses["targets[cpu]"] == targets, statuses
+    assert set(passed) | set(skipped) | set(either) | {"targets"} == set(ITEMS)
     assert {item: statuses[f"{item}[cpu]"] for item in passed} == dict.fromkeys(passed, "PASSED"), statuses
     assert {item: statuses[f"{item}[cpu]"] for item in skipped} == dict.fromkeys(skipped, "SKIPPED"), statuses
     return statuses
 
 
 def rest(*items: str) -> tuple[str, ...]:
-    return tuple(item for item in ITEMS if item not in items)
+    return tuple(item for item in ITEMS if item not in (*items, "targets"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -368,7 +372,7 @@ def test_packed_sft_passes(trl_project: pytest.Pytester) -> None:
     result = run_script(trl_project)
     # Token-id labels skip; packed rows (one row of max_length, position_ids restarting per sequence) may make
     # lengths and padding skip too, with a reason, but neither may fail.
-    check_correct(result, passed=CORE, skipped=("labels",), either=("lengths", "padding"))
+    check_correct(result, passed=CORE, skipped=("labels",), either=("lengths", "padding"), targets="PASSED")
 
 
 def test_packed_sft_token_ids_beyond_the_embedding_fail_dataset(trl_project: pytest.Pytester) -> None:

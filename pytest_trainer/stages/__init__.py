@@ -44,11 +44,12 @@ def _checks() -> dict[str, Check]:
         overfit,
         padding,
         step,
+        targets,
     )
 
-    return {"dataset": dataset.run, "collate": collate.run, "forward": forward.run, "backward": backward.run,
-            "step": step.run, "overfit": overfit.run, "eval": evaluation.run, "labels": labels.run,
-            "lengths": lengths.run, "padding": padding.run, "baseline": baseline.run}
+    return {"dataset": dataset.run, "collate": collate.run, "targets": targets.run, "forward": forward.run,
+            "backward": backward.run, "step": step.run, "overfit": overfit.run, "eval": evaluation.run,
+            "labels": labels.run, "lengths": lengths.run, "padding": padding.run, "baseline": baseline.run}
 
 
 class TrainerStage:

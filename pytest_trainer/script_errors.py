@@ -1,0 +1,75 @@
+"""Errors a script raises while it builds its Trainer, explained in the terms of fine-tuning libraries.
+
+`loading` asks `explain` for a cause and a fix before it falls back to "the script raised ...": the
+libraries' own messages say what failed, not what to write instead.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+
+def explain(error: BaseException) -> tuple[str, str] | None:
+    """(cause, fix) for an error of PEFT, TRL or the Trainer met while building it, else None."""
+    message = str(error)
+    if type(error).__name__ == "NoMatchingPeftModuleError" or (
+        "Target modules" in message and "not found in the base model" in message
+    ):
+        return _lora_targets(error, message)
+    if "max_steps" in message and ("__len__" in message or "does not have a length" in message):
+        return (
+            "the training dataset is a stream (an IterableDataset, or streaming=True) and TrainingArguments has no "
+            "max_steps: the Trainer cannot tell how long an epoch is",
+            "set max_steps in TrainingArguments (the number of optimizer steps to train for)",
+        )
+    return None
+
+
+def _lora_targets(error: BaseException, message: str) -> tuple[str, str]:
+    model = _local(error, "model")
+    names = linear_module_names(model) if model is not None else []
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    usual = _usual_targets(family)
+    found = f"; its linear modules are {', '.join(names)}" if names else ""
+    return (
+        f"LoRA's target modules were not found in the model ({message.splitlines()[0]}){found}",
+        "name modules of this model in LoraConfig(target_modules=...)"
+        + (f", e.g. {usual} for {family} models" if usual else "")
+        + ", or target_modules='all-linear'",
+    )
+
+
+def linear_module_names(model: Any) -> list[str]:
+    """The distinct last names of a model's linear layers (GPT-2's Conv1D included): what LoRA can target."""
+    import torch
+
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if name and (isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D")
+    }
+    return sorted(names)
+
+
+def _usual_targets(family: str | None) -> list[str] | None:
+    try:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as usual
+    except ImportError:
+        return None
+    found = usual.get(family) if family else None
+    return list(found) if found else None
+
+
+def _local(error: BaseException, name: str) -> Any:
+    """The innermost frame's local `name` that is a torch module, where the error was raised."""
+    import torch
+
+    found = None
+    trace: types.TracebackType | None = error.__traceback__
+    while trace is not None:
+        value = trace.tb_frame.f_locals.get(name)
+        if isinstance(value, torch.nn.Module):
+            found = value
+        trace = trace.tb_next
+    return found
