@@ -74,12 +74,17 @@ class Pipeline:
         """Training samples as the collator receives them."""
         return self.training.samples(indices)
 
-    def spread_batches(self, rows: int) -> list[dict[str, Any]]:
-        """Batches of the script's size, made by the Trainer's own collator from rows spread over the training split."""
+    def spread_batches(self, rows: int) -> list[tuple[list[dict[str, Any]], dict[str, Any]]]:
+        """(samples, batch) of the script's batch size, collated by the Trainer's own collator on the CPU from rows
+        spread over the training split."""
         count = len(self.training)
         indices = sorted({int(index) for index in np.linspace(0, count - 1, min(rows, count))}) if count else []
         size = max(1, int(self.trainer.args.train_batch_size))
-        return [self.collate(self.rows(indices[start:start + size]), "cpu") for start in range(0, len(indices), size)]
+        found = []
+        for start in range(0, len(indices), size):
+            samples = self.rows(indices[start:start + size])
+            found.append((samples, self.collate([dict(sample) for sample in samples], "cpu")))
+        return found
 
     def collate(self, features: list[dict[str, Any]], device: str) -> dict[str, Any]:
         """A batch made by the Trainer's own collator, on `device`."""

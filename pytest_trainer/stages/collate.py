@@ -29,7 +29,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     check_target_padding(pipeline, batch)
     check_batch_tokens(pipeline, batch)
     on_device = pipeline.batch_on(device)
-    sizes = {len(value) for value in batch.values() if torch.is_tensor(value) and value.dim() > 0}
+    main = batch.get(pipeline.task.sequence or "")
+    sizes = [len(value) for value in ([main] if torch.is_tensor(main) else batch.values())
+             if torch.is_tensor(value) and value.dim() > 0]
     result = StageResult("collate", device, batch=on_device, figures={"batch_size": float(max(sizes, default=0))})
     if loose:
         result.notes.append(f"values passed on as they are (not tensors): {', '.join(sorted(loose))}")

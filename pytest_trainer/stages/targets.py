@@ -36,11 +36,11 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     reason = pipeline.task.skip("targets")
     if reason:
         pytest.skip(reason)
-    batches = [_numpy(batch) for batch in pipeline.spread_batches(SAMPLED_ROWS)]
-    batches = [batch for batch in batches if "labels" in batch and "input_ids" in batch]
-    if not batches:
-        pytest.skip("the collated batches carry no labels: the model computes no loss from them to audit")
-    rows = [row for batch in batches for row in _rows(batch)]
+    collated = [(_numpy(batch), samples) for samples, batch in pipeline.spread_batches(SAMPLED_ROWS)]
+    rows = [row for batch, samples in collated if "labels" in batch and "input_ids" in batch
+            for row in _rows(batch, samples)]
+    if not rows:
+        pytest.skip("the collated batches carry no labels of token ids: the model computes no loss from them to audit")
     supervised = sum(int(row.trained.sum()) for row in rows)
     real = sum(int(row.real.sum()) for row in rows)
     result = StageResult("targets", device, figures={
@@ -58,7 +58,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 
 class _Row:
-    """One collated row: its token ids, which positions are real (not padding), and which are trained."""
+    """One sequence as collated: its token ids, which positions are real (not padding), and which are trained.
+
+    `prompt` marks the positions a completion-only loss must not train, where the batch or the dataset says so.
+    """
 
     def __init__(self, ids: np.ndarray, labels: np.ndarray, real: np.ndarray, prompt: np.ndarray | None) -> None:
         self.ids, self.labels, self.real, self.prompt = ids, labels, real, prompt
@@ -70,15 +73,44 @@ def _numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
     return {key: value.detach().cpu().numpy() for key, value in batch.items() if hasattr(value, "detach")}
 
 
-def _rows(batch: dict[str, np.ndarray]) -> list[_Row]:
+def _rows(batch: dict[str, np.ndarray], samples: list[dict[str, Any]]) -> list[_Row]:
+    """The sequences of a batch: its rows, or in a padding-free batch the runs where position_ids restart at 0."""
     ids, labels = batch["input_ids"], batch["labels"]
     if ids.ndim != 2 or labels.shape != ids.shape:
         return []
     mask = batch.get("attention_mask")
     real = mask.astype(bool) if mask is not None and mask.shape == ids.shape else np.ones_like(ids, dtype=bool)
     completion = next((batch[key] for key in COMPLETION_MASKS if key in batch and batch[key].shape == ids.shape), None)
-    return [_Row(ids[i], labels[i], real[i], None if completion is None else ~completion[i].astype(bool))
-            for i in range(ids.shape[0])]
+    positions = batch.get("position_ids")
+    rows = []
+    for index in range(ids.shape[0]):
+        prompt = None if completion is None else ~completion[index].astype(bool)
+        if prompt is None and len(samples) == ids.shape[0]:
+            prompt = _masked_by_dataset(samples[index], ids[index], real[index])
+        starts = [0]
+        if positions is not None and positions.shape == ids.shape and len(samples) > ids.shape[0]:
+            starts = [int(start) for start in np.flatnonzero(positions[index] == 0)] or [0]
+        for start, end in zip(starts, [*starts[1:], ids.shape[1]], strict=True):
+            cut = slice(start, end)
+            rows.append(_Row(ids[index, cut], labels[index, cut], real[index, cut].copy(),
+                             None if prompt is None else prompt[cut]))
+    return rows
+
+
+def _masked_by_dataset(sample: dict[str, Any], ids: np.ndarray, real: np.ndarray) -> np.ndarray | None:
+    """Positions whose label the dataset itself sets to -100 (a prompt), aligned with the collated row."""
+    given_ids, given_labels = sample.get("input_ids"), sample.get("labels")
+    if given_ids is None or given_labels is None:
+        return None
+    given_ids, given_labels = np.asarray(given_ids).reshape(-1), np.asarray(given_labels).reshape(-1)
+    if given_ids.shape != given_labels.shape or not (given_labels == IGNORE_INDEX).any():
+        return None
+    offset = int(np.argmax(real)) if real.any() else 0  # left padding puts the sample after the pads
+    if offset + given_ids.size > ids.size or not (ids[offset:offset + given_ids.size] == given_ids).all():
+        return None  # the collator changed the tokens (truncated, packed): no alignment to compare
+    masked = np.zeros(ids.shape, dtype=bool)
+    masked[offset:offset + given_ids.size] = given_labels == IGNORE_INDEX
+    return masked
 
 
 def check_rows_supervised(pipeline: Pipeline, rows: list[_Row]) -> None:
@@ -127,10 +159,11 @@ def check_prompt_unlabelled(pipeline: Pipeline, rows: list[_Row]) -> None:
     row, _ = leaked[0]
     total = sum(count for _, count in leaked)
     raise diagnosis.PipelineFailure(
-        f"{total} prompt tokens carry labels in {len(leaked)} of {len(rows)} sampled rows although the batch marks "
-        "the completion (completion_mask): the model is trained to write the prompt too",
-        "set the labels of positions outside the completion to -100 in the collator (TRL's own collators do, "
-        "with completion_only_loss=True or assistant_only_loss=True)",
+        f"{total} prompt tokens carry labels in {len(leaked)} of {len(rows)} sampled rows although the data marks "
+        "them as prompt (labels -100 in the dataset, or outside the completion_mask): the collator trains the model "
+        "to write the prompt too",
+        "keep the dataset's labels in the collator and pad them with -100 instead of copying input_ids (TRL's own "
+        "collators do, with completion_only_loss=True or assistant_only_loss=True)",
         [f"row as trained: {marked(pipeline, row)}"],
     )
 
