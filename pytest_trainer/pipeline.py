@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_trainer import diagnosis, fed, tables, tasks
+from pytest_trainer import adapters, diagnosis, fed, tables, tasks
 from pytest_trainer.options import Settings
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ class Pipeline:
         self._batch: dict[str, Any] | None = None
         self._cpu_replica: torch.nn.Module | None = None
         self._pristine: dict[int, dict[str, torch.Tensor]] = {}
+        #: How the Trainer checkpoints activations in training ("" for not at all), once it is turned on.
+        self.checkpointing: str | None = None
 
     # ---- data, as fed -----------------------------------------------------------------------
 
@@ -154,7 +156,11 @@ class Pipeline:
         with diagnosis.pipeline_part(f"moving the model to {device}"):
             if device != "cpu" and self._cpu_replica is None:
                 self._cpu_replica = copy.deepcopy(self.model).to("cpu")
-            return self.model.to(device)
+            model = self.model.to(device)
+        if self.checkpointing is None:
+            with diagnosis.pipeline_part("gradient checkpointing, as Trainer.train() turns it on"):
+                self.checkpointing = adapters.enable_checkpointing(self.trainer, model) or ""
+        return model
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The Trainer's own loss (its compute_loss, subclasses included) and the model's outputs."""

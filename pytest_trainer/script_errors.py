@@ -17,6 +17,8 @@ def explain(error: BaseException) -> tuple[str, str] | None:
         "Target modules" in message and "not found in the base model" in message
     ):
         return _lora_targets(error, message)
+    if isinstance(error, KeyError) and _raised_in(error, "/trl/"):
+        return _trl_format(error)
     if "max_steps" in message and ("__len__" in message or "does not have a length" in message):
         return (
             "the training dataset is a stream (an IterableDataset, or streaming=True) and TrainingArguments has no "
@@ -38,6 +40,53 @@ def _lora_targets(error: BaseException, message: str) -> tuple[str, str]:
         + (f", e.g. {usual} for {family} models" if usual else "")
         + ", or target_modules='all-linear'",
     )
+
+
+#: The dataset formats each TRL trainer takes, as its documentation names them.
+TRL_FORMATS = {
+    "SFTTrainer": "'text', or 'messages' (conversational), or 'prompt' and 'completion'",
+    "DPOTrainer": "'prompt', 'chosen' and 'rejected' (or 'chosen' and 'rejected' with the prompt in them)",
+    "RewardTrainer": "'chosen' and 'rejected' (optionally with 'prompt')",
+    "KTOTrainer": "'prompt', 'completion' and 'label'",
+    "ORPOTrainer": "'prompt', 'chosen' and 'rejected'",
+    "CPOTrainer": "'prompt', 'chosen' and 'rejected'",
+}
+
+
+def _trl_format(error: KeyError) -> tuple[str, str] | None:
+    trainer = _local_of_type(error, "self", lambda value: type(value).__name__ in TRL_FORMATS)
+    if trainer is None:
+        return None
+    name = type(trainer).__name__
+    row = _local_of_type(error, "example", lambda value: hasattr(value, "keys")) or _local_of_type(
+        error, "batch", lambda value: hasattr(value, "keys"))
+    columns = ", ".join(repr(key) for key in list(row.keys())) if row is not None else "unknown"
+    return (
+        f"{name} found no column {error.args[0]!r} in the dataset: its columns are {columns}, "
+        f"and {name} takes {TRL_FORMATS[name]}",
+        "rename the columns (dataset.rename_column(old, new)) or map the rows into one of those formats",
+    )
+
+
+def _raised_in(error: BaseException, part: str) -> bool:
+    """Whether the error passed through code whose file path holds `part`."""
+    trace = error.__traceback__
+    while trace is not None:
+        if part in trace.tb_frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        trace = trace.tb_next
+    return False
+
+
+def _local_of_type(error: BaseException, name: str, accept: Any) -> Any:
+    """The outermost frame's local `name` that `accept` takes, along the error's traceback."""
+    trace: types.TracebackType | None = error.__traceback__
+    while trace is not None:
+        value = trace.tb_frame.f_locals.get(name)
+        if value is not None and accept(value):
+            return value
+        trace = trace.tb_next
+    return None
 
 
 def linear_module_names(model: Any) -> list[str]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis
+from pytest_trainer import adapters, diagnosis
 from pytest_trainer.stages import StageResult
 from pytest_trainer.stages.forward import checked_loss
 
@@ -31,6 +31,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         model.zero_grad(set_to_none=True)
         loss, outputs = pipeline.loss(model, batch)
         value = checked_loss(loss)
+        if loss.grad_fn is None and pipeline.checkpointing:
+            raise _checkpointed_inputs(pipeline, len(trainable), len(trainable))
         if loss.grad_fn is None:
             raise diagnosis.PipelineFailure(
                 "the loss is detached from the model (it has no grad_fn), so backward() reaches no parameter",
@@ -42,13 +44,18 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         # Kept by reference: weights_kept() only unhooks them from the parameters, so no copy is needed.
         gradients = {name: parameter.grad.detach() for name, parameter in trainable if parameter.grad is not None}
     missing = [name for name, _ in trainable if name not in gradients]
+    if missing and pipeline.checkpointing and _inside_checkpoints(missing):
+        raise _checkpointed_inputs(pipeline, len(missing), len(trainable), missing)
     if missing:
         raise diagnosis.PipelineFailure(
             f"{len(missing)} of {len(trainable)} trainable parameters get no gradient from the loss: "
             f"{_names(missing)}",
             "if they should not train, freeze them (requires_grad=False); otherwise look for .detach(), "
-            "torch.no_grad() or a branch of forward() that leaves them out of the loss",
+            "torch.no_grad() or a branch of forward() that leaves them out of the loss. If they must stay unused, "
+            "set ddp_find_unused_parameters=True: on several GPUs, DistributedDataParallel otherwise stops at the "
+            "second step with \"Expected to have finished reduction in the prior iteration\"",
         )
+    check_added_tokens(pipeline, model, batch)
     broken = [name for name, gradient in gradients.items() if not torch.isfinite(gradient).all()]
     if broken:
         raise diagnosis.PipelineFailure(
@@ -66,3 +73,42 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 def _names(names: list[str]) -> str:
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     return ", ".join(names[:SHOWN]) + more
+
+
+def _inside_checkpoints(names: list[str]) -> bool:
+    """Adapter or layer weights, the parameters gradient checkpointing wraps (not a head outside the layers)."""
+    return any("lora_" in name or ".layers." in name or ".layer." in name or ".h." in name for name in names)
+
+
+def _checkpointed_inputs(pipeline: Pipeline, count: int, total: int, names: list[str] | None = None
+                         ) -> diagnosis.PipelineFailure:
+    shown = f": {_names(names)}" if names else " (the loss has no grad_fn)"
+    return diagnosis.PipelineFailure(
+        f"{count} of {total} trainable parameters get no gradient from the loss{shown}: under "
+        f"{pipeline.checkpointing}, as Trainer.train() turns it on, the checkpointed layers' inputs do not "
+        "require grad, so nothing inside them (the adapters) is trained",
+        "call model.enable_input_require_grads() before building the Trainer, or pass "
+        "gradient_checkpointing_kwargs={'use_reentrant': False}",
+    )
+
+
+def check_added_tokens(pipeline: Pipeline, model: Any, batch: dict[str, Any]) -> None:
+    """Tokens added to the tokenizer and used in the data need embedding rows that can learn."""
+    import torch
+
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    ids = batch.get(pipeline.task.sequence or "")
+    if tokenizer is None or not torch.is_tensor(ids):
+        return
+    added = adapters.new_token_ids(model, tokenizer)
+    used = sorted(set(added) & {int(token) for token in ids.unique().tolist()}) if added else []
+    if not used or not adapters.frozen_rows(model, used):
+        return
+    tokens = ", ".join(repr(tokenizer.convert_ids_to_tokens(index)) for index in used[:SHOWN])
+    raise diagnosis.PipelineFailure(
+        f"tokens added to the tokenizer ({tokens}, ids {used[:SHOWN]}) are in the batch, but their embedding rows "
+        "cannot change: the input embedding is frozen (LoRA trains adapters only), so the model never learns "
+        "what they mean",
+        f"let them train: LoraConfig(..., trainable_token_indices={used}) or "
+        "LoraConfig(..., modules_to_save=[\"embed_tokens\", \"lm_head\"]) (the module names of your model)",
+    )
