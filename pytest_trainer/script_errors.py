@@ -17,6 +17,16 @@ def explain(error: BaseException) -> tuple[str, str] | None:
         "Target modules" in message and "not found in the base model" in message
     ):
         return _lora_targets(error, message)
+    reference = _local_of_type(error, "ref_model_path", lambda value: isinstance(value, str))
+    if reference is not None and isinstance(error, (OSError, ValueError)):
+        which = "a model built from a config does not have" if not reference else "cannot be loaded here"
+        return (
+            "the trainer could not build its reference model: with no ref_model given, it loads one from the "
+            f"policy model's checkpoint ({reference!r}), which {which} "
+            f"({type(error).__name__}: {message.splitlines()[0] if message else ''})",
+            "pass ref_model= (a copy of the model, copy.deepcopy(model), or a checkpoint on this machine), or train "
+            "with a peft_config: the model without its adapter is then the reference",
+        )
     if isinstance(error, KeyError) and _raised_in(error, "/trl/"):
         return _trl_format(error)
     if "max_steps" in message and ("__len__" in message or "does not have a length" in message):

@@ -135,3 +135,16 @@ def detect(model: Any, trainer: Any) -> Task:
             return Task(f"{name} (multi-label)", MULTI_HOT, sequence)
         return Task(name, CLASS, sequence)
     return Task(f"a {kind}", UNKNOWN, sequence)
+
+
+def preference_figures(trainer: Any) -> dict[str, float]:
+    """The last chosen and rejected log-probabilities and rewards a preference trainer logged (TRL's metrics)."""
+    logged = getattr(trainer, "_metrics", None)
+    if not isinstance(logged, dict):
+        return {}
+    figures: dict[str, float] = {}
+    for metrics in logged.values():
+        for name, values in (metrics.items() if isinstance(metrics, dict) else ()):
+            if name.split("/")[0] in ("logps", "rewards") and isinstance(values, list) and values:
+                figures[name.replace("/", "_")] = float(values[-1])
+    return figures

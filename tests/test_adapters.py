@@ -425,3 +425,27 @@ def test_modules_to_save_outside_the_loss_fails_backward_naming_ddp(project: pyt
 def test_modules_to_save_inside_the_loss_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", TWO_HEADS.format(head="classifier", saved='["classifier"]'))
     passed_up_to_step(run_script(project, UP_TO_STEP_OPTION))
+
+
+def test_dpo_without_a_reference_model_explains_why_none_could_be_built(lm_project: pytest.Pytester) -> None:
+    # A policy built from a config has no checkpoint: DPOTrainer cannot load a reference model from it.
+    script = dpo("prompt", "chosen", "rejected")
+    assert "ref_model=copy.deepcopy(model), " in script
+    write(lm_project, "train.py", script.replace("ref_model=copy.deepcopy(model), ", ""))
+    result = run_script(lm_project, UP_TO_STEP_OPTION)
+    only_failure(result, "dataset")
+    result.stdout.fnmatch_lines([
+        "dataset[[]cpu[]] failed: train.py: the trainer could not build its reference model: with no ref_model "
+        "given, it loads one from the policy model's checkpoint (''), which a model built from a config does not have*",
+        "*fix: pass ref_model=*or train with a peft_config*",
+    ])
+
+
+def test_backward_names_what_trains_under_lora(lm_project: pytest.Pytester) -> None:
+    write(lm_project, "train.py", lora_lm(tokens=ADD_TOKENS, resize=RESIZE, lora=', modules_to_save=["lm_head"]'
+                                          ', trainable_token_indices=new_ids'))
+    result = run_script(lm_project, "--trainer-stages=backward", "--trainer-report=report.json")
+    assert outcomes(result) == {"backward[cpu]": "PASSED"}
+    notes = json.loads((lm_project.path / "report.json").read_text())["items"][0]["notes"]
+    assert "trainable: LoRA adapters on q_proj, v_proj; modules_to_save lm_head; trainable token rows (1 tensors)" \
+        in notes, notes

@@ -601,3 +601,12 @@ def test_set_format_columns_are_what_is_fed(project: pytest.Pytester) -> None:
     """)
     result = run_script(project, "--trainer-stages=dataset,collate,forward")
     assert outcomes(result) == dict.fromkeys(["dataset[cpu]", "collate[cpu]", "forward[cpu]"], "PASSED")
+
+
+def test_dpo_forward_reports_the_chosen_and_rejected_log_probabilities(trl_project: pytest.Pytester) -> None:
+    write(trl_project, "train.py", DPO)
+    result = run_script(trl_project, "--trainer-stages=forward", "--trainer-report=report.json")
+    assert outcomes(result) == {"forward[cpu]": "PASSED"}
+    figures = json.loads((trl_project.path / "report.json").read_text())["items"][0]["figures"]
+    assert {"logps_chosen", "logps_rejected"} <= set(figures), figures
+    assert figures["logps_chosen"] < 0 and figures["logps_rejected"] < 0, figures

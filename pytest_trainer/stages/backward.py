@@ -56,6 +56,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "second step with \"Expected to have finished reduction in the prior iteration\"",
         )
     check_added_tokens(pipeline, model, batch)
+    notes = [f"trainable: {trainable_parts([name for name, _ in trainable])}"]
     broken = [name for name, gradient in gradients.items() if not torch.isfinite(gradient).all()]
     if broken:
         raise diagnosis.PipelineFailure(
@@ -67,12 +68,30 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     return StageResult(
         "backward", device, batch=batch, outputs=outputs, loss=value, gradients=gradients,
         figures={"gradient_norm": norm, "trainable_parameters": float(sum(p.numel() for _, p in trainable))},
+        notes=notes,
     )
 
 
 def _names(names: list[str]) -> str:
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     return ", ".join(names[:SHOWN]) + more
+
+
+def trainable_parts(names: list[str]) -> str:
+    """What trains, in PEFT's terms where it applies: adapters, saved modules, token rows, other parameters."""
+    import re
+
+    adapters_in = sorted({match.group(1) for name in names if (match := re.search(r"([^.]+)\.lora_", name))})
+    saved = sorted({name.split(".modules_to_save")[0].rsplit(".", 1)[-1]
+                    for name in names if ".modules_to_save." in name})
+    tokens = [name for name in names if "trainable_tokens" in name]
+    other = [name for name in names if "lora_" not in name and ".modules_to_save." not in name
+             and "trainable_tokens" not in name]
+    parts = [f"LoRA adapters on {', '.join(adapters_in)}"] if adapters_in else []
+    parts += [f"modules_to_save {', '.join(saved)}"] if saved else []
+    parts += [f"trainable token rows ({len(tokens)} tensors)"] if tokens else []
+    parts += [f"{len(other)} other parameter tensors"] if other else []
+    return "; ".join(parts) or "nothing"
 
 
 def _inside_checkpoints(names: list[str]) -> bool:

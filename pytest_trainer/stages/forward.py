@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, model_facts
+from pytest_trainer import diagnosis, model_facts, tasks
 from pytest_trainer.stages import StageResult
 
 if TYPE_CHECKING:
@@ -29,11 +29,29 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         model.train(was_training)
     value = checked_loss(loss)
     result = StageResult("forward", device, batch=batch, outputs=outputs, loss=value, figures={"loss_at_init": value})
+    if pipeline.task.labels == tasks.PREFERENCE:
+        check_preference(pipeline, result)
     classes = model_facts.class_count(model)
     if classes:
         result.notes.append(f"loss at init {value:.3f}; a fresh {classes}-class head gives about ln {classes} = "
                             f"{math.log(classes):.3f}")
     return result
+
+
+def check_preference(pipeline: Pipeline, result: StageResult) -> None:
+    """A preference batch gives finite log-probabilities of the chosen and the rejected answers."""
+    figures = tasks.preference_figures(pipeline.trainer)
+    result.figures.update(figures)
+    broken = {name: value for name, value in figures.items() if not math.isfinite(value)}
+    if broken:
+        raise diagnosis.PipelineFailure(
+            f"the preference batch gives non-finite figures: {broken}",
+            "look for empty chosen or rejected answers after truncation (max_length, max_prompt_length) and for "
+            "rows whose answer tokens are all masked",
+        )
+    if figures:
+        shown = ", ".join(f"{name} {value:.4g}" for name, value in sorted(figures.items()) if "logps" in name)
+        result.notes.append(f"preference batch: {shown}")
 
 
 def has_targets(batch: dict[str, Any], task: Task) -> bool:
