@@ -74,11 +74,14 @@ class PipelineReport:
         """(title, lines) per script: one line when nothing failed, else the stage-by-device table."""
         for script, records in self.by_script().items():
             failed = [record for record in records if record.outcome in ("failed", "error")]
+            # How the pipeline was run differently from the script (its precision on a machine without a GPU).
+            changed = _ordered(note for record in records for note in record.notes if note.startswith("precision:"))
             if not failed:
-                yield f"pytest-trainer: {script}", [_all_passed_line(records)]
+                yield f"pytest-trainer: {script}", [_all_passed_line(records), *changed]
                 continue
             lines, reasons = _table(records)
             lines += [f"  [{number}] {reason}" for reason, number in reasons.items()]
+            lines += changed
             for record in failed:
                 lines.append(f"{record.outcome.upper()} {record.name}: {record.diagnosis}")
                 if record.fix:

@@ -361,6 +361,8 @@ def test_trl_recipe_with_default_bf16_loads_on_cpu(lm_project: pytest.Pytester, 
     notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
              for note in item["notes"]]
     assert any("bf16" in note and "fp32" in note for note in notes), notes
+    result.stdout.fnmatch_lines(["precision: the script asks for bf16=True; this machine has no GPU, so the items run "
+                                 "in fp32*"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
