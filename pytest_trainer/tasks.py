@@ -41,7 +41,8 @@ PREFERENCE_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids", "completion_id
 DECODER_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
 
 _NOT_CLASSES = {
-    TOKEN_IDS: "a language model's labels are token ids, not classes: the dataset and lengths checks cover them",
+    TOKEN_IDS: "a language model's labels are token ids, not classes: the dataset, targets and lengths checks "
+               "cover them",
     DECODER_TARGETS: "seq2seq labels are decoder target token ids, not classes: the dataset check covers them",
     POSITIONS: "question-answering labels are start and end positions in each sequence, not classes",
     TRANSCRIPT: "CTC labels are transcripts of token ids, not classes",
