@@ -31,7 +31,7 @@ def from_columns(columns: dict[str, list[Any]]) -> tuple[pa.Table, list[str]]:
     for name, values in columns.items():
         try:
             arrays[name] = _column(values)
-        except (pa.ArrowException, TypeError, ValueError):
+        except pa.ArrowException:
             opaque.append(name)
     return pa.table(arrays) if arrays else pa.table({}), opaque
 
@@ -39,7 +39,7 @@ def from_columns(columns: dict[str, list[Any]]) -> tuple[pa.Table, list[str]]:
 def _column(values: list[Any]) -> pa.Array:
     as_arrays = [_array(value) for value in values]
     shapes = {array.shape for array in as_arrays if array is not None}
-    if as_arrays and None not in as_arrays and len(shapes) == 1 and next(iter(shapes)):
+    if as_arrays and all(array is not None for array in as_arrays) and len(shapes) == 1 and next(iter(shapes)):
         stacked = np.stack(as_arrays)  # type: ignore[arg-type]
         if stacked.dtype.kind in "biuf":
             array: pa.Array = pa.array(stacked.reshape(-1))

@@ -610,3 +610,33 @@ def test_dpo_forward_reports_the_chosen_and_rejected_log_probabilities(trl_proje
     figures = json.loads((trl_project.path / "report.json").read_text())["items"][0]["figures"]
     assert {"logps_chosen", "logps_rejected"} <= set(figures), figures
     assert figures["logps_chosen"] < 0 and figures["logps_rejected"] < 0, figures
+
+
+def test_torch_dataset_of_tensors_is_read_as_fed(project: pytest.Pytester) -> None:
+    # A torch Dataset whose samples are tensors: the token sequences are checked, not taken for missing.
+    write(project, "train.py", """
+        import tiny
+        import torch
+        from transformers import Trainer, TrainingArguments
+
+        tok = tiny.tokenizer()
+        texts = tiny.sentences(32)
+
+
+        class Texts(torch.utils.data.Dataset):
+            def __len__(self):
+                return len(texts)
+
+            def __getitem__(self, index):
+                encoded = tok(texts[index], padding="max_length", max_length=16, truncation=True, return_tensors="pt")
+                return {"input_ids": encoded["input_ids"][0], "attention_mask": encoded["attention_mask"][0],
+                        "labels": torch.tensor(index % 3)}
+
+
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+        trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=Texts())
+        trainer.train()
+    """)
+    result = run_script(project, "--trainer-stages=dataset,collate,forward,labels,lengths")
+    assert outcomes(result) == dict.fromkeys(
+        ["dataset[cpu]", "collate[cpu]", "forward[cpu]", "labels[cpu]", "lengths[cpu]"], "PASSED")
