@@ -10,6 +10,7 @@ import json
 
 import peft  # noqa: F401
 import pytest
+import transformers
 import trl  # noqa: F401
 from conftest import failures, outcomes, run_script, write
 from peft import LoraConfig, get_peft_model  # noqa: F401
@@ -43,6 +44,9 @@ def only_failure(result: pytest.RunResult, stage: str) -> None:
     for item in order[:order.index(stage)]:
         assert statuses.get(f"{item}[cpu]") == "PASSED", statuses
 
+
+#: transformers 4.x turns gradient checkpointing on without hooking the inputs, and defaults to use_reentrant=True.
+TRANSFORMERS_4 = int(transformers.__version__.split(".")[0]) < 5
 
 # ---------------------------------------------------------------------------------------------------------------
 # The LoRA causal-LM script every section edits: the tiny Llama of lm.py, LoRA on q_proj and v_proj.
@@ -109,9 +113,16 @@ GC_NON_REENTRANT = ', gradient_checkpointing=True, gradient_checkpointing_kwargs
 ], ids=["reentrant-text-model", "reentrant-with-input-grads", "non-reentrant", "default-kwargs"])
 def test_lora_with_gradient_checkpointing_on_a_text_model_passes(lm_project: pytest.Pytester, after: str,
                                                                  args: str) -> None:
-    # transformers 5.23 hooks the input embedding itself for input_ids models, so all four train (measured above).
+    # transformers 5 hooks the input embedding itself for input_ids models, so all four train (measured above).
+    # transformers 4.57 does not, and defaults to use_reentrant=True: there train() itself stops on the unhooked
+    # forms with "element 0 of tensors does not require grad" (measured), which backward must name.
     write(lm_project, "train.py", lora_lm(after=after, args=args))
-    passed_up_to_step(run_script(lm_project, UP_TO_STEP_OPTION))
+    result = run_script(lm_project, UP_TO_STEP_OPTION)
+    if TRANSFORMERS_4 and not after and "False" not in args:
+        only_failure(result, "backward")
+        result.stdout.re_match_lines([r"backward\[cpu\] failed: .*under gradient checkpointing.*"])
+    else:
+        passed_up_to_step(result)
 
 
 VIT_LORA = """
@@ -125,8 +136,11 @@ VIT_LORA = """
                                "labels": [i % 3 for i in range(24)]}})
     config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=16, num_hidden_layers=1,
                        num_attention_heads=2, intermediate_size=32, num_labels=3)
-    model = get_peft_model(ViTForImageClassification(config),
-                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"]{saved}))
+    model = ViTForImageClassification(config)
+    # transformers 5 names ViT's projections q_proj and v_proj, transformers 4 query and value.
+    targets = ["q_proj", "v_proj"] if any(name.endswith("q_proj") for name, _ in model.named_modules()) \
+        else ["query", "value"]
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=targets{saved}))
     {after}
     args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=1e-3, report_to="none",
                              gradient_checkpointing=True, gradient_checkpointing_kwargs={{"use_reentrant": {reentrant}}})
