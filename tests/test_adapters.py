@@ -465,3 +465,10 @@ def test_backward_names_what_trains_under_lora(lm_project: pytest.Pytester) -> N
     notes = json.loads((lm_project.path / "report.json").read_text())["items"][0]["notes"]
     assert "trainable: LoRA adapters on q_proj, v_proj; modules_to_save lm_head; trainable token rows (1 tensors)" \
         in notes, notes
+
+
+def test_an_added_pad_token_used_only_as_padding_needs_no_trainable_row(lm_project: pytest.Pytester) -> None:
+    # "<pad>" is new and its row frozen under LoRA, but it only ever stands where attention_mask is 0.
+    tokens = 'tok.add_special_tokens({"pad_token": "<pad>"})'
+    write(lm_project, "train.py", lora_lm(tokens=tokens, resize="model.resize_token_embeddings(len(tok))"))
+    passed_up_to_step(run_script(lm_project, UP_TO_STEP_OPTION))

@@ -120,7 +120,9 @@ def check_added_tokens(pipeline: Pipeline, model: Any, batch: dict[str, Any]) ->
     if tokenizer is None or not torch.is_tensor(ids):
         return
     added = adapters.new_token_ids(model, tokenizer)
-    used = sorted(set(added) & {int(token) for token in ids.unique().tolist()}) if added else []
+    mask = batch.get("attention_mask")
+    real = ids[mask.bool()] if torch.is_tensor(mask) and mask.shape == ids.shape else ids  # padding need not learn
+    used = sorted(set(added) & {int(token) for token in real.unique().tolist()}) if added else []
     if not used or not adapters.frozen_rows(model, used):
         return
     tokens = ", ".join(repr(tokenizer.convert_ids_to_tokens(index)) for index in used[:SHOWN])
