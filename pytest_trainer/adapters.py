@@ -33,10 +33,14 @@ def enable_checkpointing(trainer: Any, model: Any) -> str | None:
 
 
 def new_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """Ids of tokens added to the tokenizer beyond the vocabulary the model was trained with."""
+    """Ids of tokens added to the tokenizer beyond the vocabulary of the checkpoint the model was loaded from.
+
+    Without that checkpoint on this machine (a model built from a config, say) nothing tells a token added
+    for fine-tuning from one the model was built with: none is named.
+    """
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    known = _pretrained_vocabulary(model) or getattr(tokenizer, "vocab_size", None)
-    if not isinstance(known, int):
+    known = _pretrained_vocabulary(model)
+    if known is None:
         return []
     return sorted(index for index in decoder if index >= known)
 

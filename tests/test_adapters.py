@@ -188,7 +188,9 @@ def test_lora_vision_model_with_reentrant_checkpointing_and_frozen_inputs_fails_
 ADD_TOKENS = 'added = tok.add_tokens(["<tool>", "</tool>"])\n    texts = [f"{text} <tool> red </tool>" for text in texts]'
 ADD_SPECIAL = ('added = tok.add_special_tokens({"additional_special_tokens": ["<tool>", "</tool>"]})\n'
                '    texts = [f"{text} <tool> red </tool>" for text in texts]')
-RESIZE = 'model.resize_token_embeddings(len(tok))\n    new_ids = tok.convert_tokens_to_ids(["<tool>", "</tool>"])'
+#: A pretrained checkpoint on this machine (the model of lm.py saved and loaded back), then its embedding resized.
+RESIZE = ('model.save_pretrained("base")\n    model = type(model).from_pretrained("base")\n'
+          '    model.resize_token_embeddings(len(tok))\n    new_ids = tok.convert_tokens_to_ids(["<tool>", "</tool>"])')
 
 
 @pytest.mark.parametrize("tokens", [ADD_TOKENS, ADD_SPECIAL], ids=["add_tokens", "add_special_tokens"])
@@ -471,4 +473,12 @@ def test_an_added_pad_token_used_only_as_padding_needs_no_trainable_row(lm_proje
     # "<pad>" is new and its row frozen under LoRA, but it only ever stands where attention_mask is 0.
     tokens = 'tok.add_special_tokens({"pad_token": "<pad>"})'
     write(lm_project, "train.py", lora_lm(tokens=tokens, resize="model.resize_token_embeddings(len(tok))"))
+    passed_up_to_step(run_script(lm_project, UP_TO_STEP_OPTION))
+
+
+def test_tokens_of_a_model_built_from_a_config_are_not_taken_for_added_ones(lm_project: pytest.Pytester) -> None:
+    # Built from a config after the tokens were added: nothing tells them from the model's own; no false alarm.
+    script = lora_lm(tokens=ADD_TOKENS).replace("    model = lm.model()\n", "    model = lm.model(vocab_size=len(tok))\n")
+    assert "lm.model(vocab_size=len(tok))" in script
+    write(lm_project, "train.py", script)
     passed_up_to_step(run_script(lm_project, UP_TO_STEP_OPTION))

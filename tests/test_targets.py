@@ -327,3 +327,18 @@ def test_classification_skips_targets_with_a_reason(project: pytest.Pytester) ->
     skips = [line for line in result.outlines if line.startswith("SKIPPED [")]
     print(*skips, sep="\n")
     assert len(skips) == 1 and skips[0].split(": ", 1)[-1].strip(), result.stdout.str()[-3000:]
+
+
+def test_left_padding_for_training_names_the_prediction_made_from_a_pad(lm_project: pytest.Pytester) -> None:
+    # A rotary Llama sees no position shift, but the first real token keeps its label, predicted from a pad.
+    source = EOS.replace("    tok = lm.tokenizer()\n", "    tok = lm.tokenizer()\n    tok.padding_side = 'left'\n")
+    assert source != EOS
+    write(lm_project, "train.py", source)
+    result = run_script(lm_project, "--trainer-stages=forward,padding")
+    assert failures(result) == ["padding[cpu]"]
+    result.stdout.fnmatch_lines([
+        "*the loss differs*the tokenizer pads on the left, so the first real token keeps its label and is predicted "
+        "from a pad position*",
+        "*fix: pad on the right for training*",
+    ])
+    result.stdout.no_fnmatch_line("*shortest failing row as text: '*[[]PAD[]]*")

@@ -111,7 +111,8 @@ def _real_positions(padded: dict[str, Any], model_input: str, length: int, pipel
 
 def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: int, length: int, width: int,
              what: str) -> diagnosis.PipelineFailure:
-    text = pipeline.decoded(padded[model_input][0].tolist()[:length] if "attention_mask" in padded else [])
+    mask = padded.get("attention_mask")
+    text = pipeline.decoded(padded[model_input][0][mask[0].bool()].tolist() if mask is not None else [])
     cut = f"{length} token" if length == 1 else f"{length} tokens"
     where = f"row {row} cut to {cut} gives other results alone and padded to {width} beside a longer row"
     labels = padded.get("labels") if pipeline.task.along_sequence("labels") else None
@@ -126,6 +127,11 @@ def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: 
         cause, fix = f"labels on padded positions are {pad_labels}, not -100, so the loss counts the padding", (
             "pad labels with -100 (DataCollatorForTokenClassification and DataCollatorForSeq2Seq do, "
             "label_pad_token_id=-100)")
+    elif getattr(tokenizer, "padding_side", "right") == "left" and what.startswith("the loss") \
+            and pipeline.task.shifts_labels:
+        cause, fix = ("the tokenizer pads on the left, so the first real token keeps its label and is predicted "
+                      "from a pad position: each padded row trains one more prediction, made without any context"), (
+            "pad on the right for training: tokenizer.padding_side = 'right' (left padding is for generation)")
     elif getattr(tokenizer, "padding_side", "right") == "left":
         cause, fix = "the tokenizer pads on the left, which shifts this model's positions", (
             "pad on the right for training: tokenizer.padding_side = 'right'")
