@@ -14,18 +14,23 @@ from typing import Any
 
 def enable_checkpointing(trainer: Any, model: Any) -> str | None:
     """Turn on gradient checkpointing as `Trainer.train()` would; describe it, or None when the script has none."""
+    from pytest_trainer.diagnosis import pipeline_part
+
     args = trainer.args
+    part = pipeline_part("gradient checkpointing, as Trainer.train() turns it on")
     if getattr(args, "activation_checkpointing", None):  # transformers 5
         options = dict(getattr(args, "activation_checkpointing_kwargs", None) or {})
         every, offload = options.pop("every_n_layers", 1), options.pop("offload", False)
         enable = getattr(model, "activation_checkpointing_enable", None)
-        if callable(enable):
-            enable(activation_checkpointing_kwargs=options or None, every_n_layers=every, offload=offload)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options or None)
+        with part:
+            if callable(enable):
+                enable(activation_checkpointing_kwargs=options or None, every_n_layers=every, offload=offload)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options or None)
     elif getattr(args, "gradient_checkpointing", False):  # transformers 4
         options = dict(getattr(args, "gradient_checkpointing_kwargs", None) or {})
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options or None)
+        with part:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options or None)
     else:
         return None
     reentrant = options.get("use_reentrant")

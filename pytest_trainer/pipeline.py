@@ -119,14 +119,17 @@ class Pipeline:
         import torch
 
         if self._batch is None:
-            with torch.random.fork_rng(devices=[]), diagnosis.pipeline_part(TRAIN_LOADER):
+            with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(BATCH_SEED)
-                loader = self.trainer.get_train_dataloader()
                 try:
-                    batch = next(iter(loader))
+                    with diagnosis.pipeline_part(TRAIN_LOADER):
+                        batch = next(iter(self.trainer.get_train_dataloader()))
                 except (ValueError, TypeError, RuntimeError) as error:
-                    unequal = any(sign in str(error) for sign in UNEQUAL_LENGTHS)
-                    raise ((self.padding_problem() if unequal else None) or error) from error
+                    # Explaining is the plugin's own work, outside the pipeline's part: its bugs stay its own.
+                    problem = self.padding_problem() if any(sign in str(error) for sign in UNEQUAL_LENGTHS) else None
+                    if problem is None:
+                        raise
+                    raise problem from error
             self._batch = {key: value.cpu() if torch.is_tensor(value) else value for key, value in batch.items()}
         return self._batch
 
@@ -158,8 +161,7 @@ class Pipeline:
                 self._cpu_replica = copy.deepcopy(self.model).to("cpu")
             model = self.model.to(device)
         if self.checkpointing is None:
-            with diagnosis.pipeline_part("gradient checkpointing, as Trainer.train() turns it on"):
-                self.checkpointing = adapters.enable_checkpointing(self.trainer, model) or ""
+            self.checkpointing = adapters.enable_checkpointing(self.trainer, model) or ""
         return model
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
