@@ -114,10 +114,7 @@ def untokenized(split: str, text_columns: Sequence[str], model_input: str) -> Pi
     )
 
 
-def no_matching_columns(split: str, columns: Sequence[str], model: Any) -> PipelineFailure:
-    import inspect
-
-    taken = [name for name in inspect.signature(model.forward).parameters if name not in ("args", "kwargs")]
+def no_matching_columns(split: str, columns: Sequence[str], taken: Sequence[str]) -> PipelineFailure:
     return PipelineFailure(
         f"no column of the {split} dataset ({', '.join(columns)}) is a parameter of the model's forward "
         f"({', '.join(taken)}), so the Trainer's remove_unused_columns drops them all",

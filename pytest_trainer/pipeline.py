@@ -54,16 +54,13 @@ class Pipeline:
         return tasks.detect(self.model, self.trainer)
 
     @functools.cached_property
-    def _splits(self) -> list[fed.FedSplit]:
-        return fed.splits(self.trainer, self.settings.sample)
-
     def splits(self) -> list[fed.FedSplit]:
         """The training split and every evaluation split, as the Trainer feeds them."""
-        return self._splits
+        return fed.splits(self.trainer, self.settings.sample)
 
     @property
     def training(self) -> fed.FedSplit:
-        found = next((split for split in self._splits if split.description == "training"), None)
+        found = next((split for split in self.splits if split.description == "training"), None)
         if found is None:
             raise diagnosis.PipelineFailure("the Trainer has no train_dataset", "pass train_dataset= to the Trainer")
         return found

@@ -46,7 +46,9 @@ def label_domain(trainer: Trainer | Pipeline) -> LabelDomain | None:
     if column is None:
         return None
     if pipeline.task.labels == tasks.CHOICE:
-        choices = int(tables.outer_lengths(table, pipeline.task.sequence or "")[0]) if table.num_rows else 0
+        sequence = pipeline.task.sequence or ""
+        choices = int(tables.outer_lengths(table, sequence)[0]) \
+            if sequence in table.column_names and table.num_rows else 0
         return LabelDomain(tuple(range(choices)), f"the {choices} choices of each example") if choices else None
     feature = _feature(pipeline, column)
     class_names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)

@@ -640,3 +640,36 @@ def test_torch_dataset_of_tensors_is_read_as_fed(project: pytest.Pytester) -> No
     result = run_script(project, "--trainer-stages=dataset,collate,forward,labels,lengths")
     assert outcomes(result) == dict.fromkeys(
         ["dataset[cpu]", "collate[cpu]", "forward[cpu]", "labels[cpu]", "lengths[cpu]"], "PASSED")
+
+
+def test_columns_that_match_no_forward_parameter_are_named(project: pytest.Pytester) -> None:
+    # remove_unused_columns=True drops every column a forward(**inputs) does not name: train() fails the same way.
+    write(project, "train.py", """
+        import torch
+        from datasets import Dataset
+        from transformers import Trainer, TrainingArguments
+
+
+        class Scorer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(4, 1)
+
+            def forward(self, **inputs):
+                prediction = self.linear(inputs["features"]).squeeze(-1)
+                return {"loss": torch.nn.functional.mse_loss(prediction, inputs["target"])}
+
+
+        data = Dataset.from_dict({"features": [[float(i), 1.0, 0.0, 2.0] for i in range(16)],
+                                  "target": [float(i % 3) for i in range(16)]})
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+        trainer = Trainer(model=Scorer(), args=args, train_dataset=data)
+        trainer.train()
+    """)
+    result = run_script(project, "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines([
+        "dataset[[]cpu[]] failed: no column of the training dataset (features, target) is a parameter of the "
+        "model's forward (inputs, *), so the Trainer's remove_unused_columns drops them all",
+        "*fix: name the columns after the forward's parameters, or set remove_unused_columns=False*",
+    ])

@@ -62,7 +62,9 @@ def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
         model_input = model_facts.main_input(pipeline.model)
         if text and pipeline.task.conventional:
             raise diagnosis.untokenized(split.description, text, model_input) from error
-        raise diagnosis.no_matching_columns(split.description, raw.column_names, pipeline.model) from error
+        signature: list[str] = pipeline.trainer._signature_columns or []
+        taken = [name for name in signature if name not in ("args", "kwargs")]
+        raise diagnosis.no_matching_columns(split.description, raw.column_names, taken) from error
     except Exception as error:
         raise _transform_failed(split, error) from error
 

@@ -24,7 +24,7 @@ BATCHES = 2
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
-    splits = [split for split in pipeline.splits() if split.description != "training"]
+    splits = [split for split in pipeline.splits if split.description != "training"]
     if not splits:
         pytest.skip("the Trainer has no eval_dataset")
     result = StageResult("eval", device)
