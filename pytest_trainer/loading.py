@@ -62,6 +62,8 @@ class _Capture:
         self.sampled: list[str] = []
         #: Mixed-precision settings turned off because this machine has no GPU, one line per arguments object.
         self.precision: list[str] = []
+        #: The precision settings the script asked for, among GPU_PRECISION.
+        self.asked: set[str] = set()
 
     @property
     def trainer(self) -> Trainer | None:
@@ -86,6 +88,8 @@ class LoadedScript:
     sampled: tuple[str, ...]
     #: Mixed precision asked for by the script and turned off on this machine without a GPU.
     precision: tuple[str, ...] = ()
+    #: The precision settings the script asked for (bf16, fp16, ...), whether or not this machine could keep them.
+    asked_precision: frozenset[str] = frozenset()
 
 
 def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -144,7 +148,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         )
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
-    return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision))
+    return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision), frozenset(capture.asked))
 
 
 def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
@@ -205,8 +209,11 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         asked = precision_for_this_machine(self)
         original_post_init(self)
         sandbox_arguments(self, sandbox)
-        if asked and asked not in capture.precision:
-            capture.precision.append(asked)
+        capture.asked.update(asked)
+        line = (f"the script asks for {', '.join(f'{name}=True' for name in asked)}; this machine has no GPU, so "
+                "the items run in fp32 and the precision stage checks the script's own precision")
+        if asked and line not in capture.precision:
+            capture.precision.append(line)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         arguments = kwargs.get("args", args[1] if len(args) > 1 else None)
@@ -234,23 +241,20 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
 GPU_PRECISION = ("bf16", "fp16", "bf16_full_eval", "fp16_full_eval", "tf32")
 
 
-def precision_for_this_machine(args: Any) -> str:
-    """Without a GPU, turn the script's mixed precision off so that it builds its Trainer; say what it asked for.
+def precision_for_this_machine(args: Any) -> list[str]:
+    """Without a GPU, turn the script's mixed precision off so that it builds its Trainer; return what it asked for.
 
-    The CPU items then run in fp32; on a machine with a GPU nothing changes, and the CUDA items use the script's
-    own precision.
+    The CPU items then run in fp32 (the precision stage checks the script's own precision); on a machine with a GPU
+    nothing changes.
     """
     import torch
 
     if torch.cuda.is_available():
-        return ""
+        return []
     asked = [name for name in GPU_PRECISION if getattr(args, name, None)]
     for name in asked:
         setattr(args, name, None if name == "tf32" else False)
-    if not asked:
-        return ""
-    return (f"the script asks for {', '.join(f'{name}=True' for name in asked)}; this machine has no GPU, so the "
-            "items run in fp32 (the cuda items use the script's precision where a GPU is present)")
+    return asked
 
 
 def sandbox_arguments(args: Any, sandbox: Sandbox) -> None:

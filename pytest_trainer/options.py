@@ -43,6 +43,10 @@ SAMPLE_HELP = (
     "rows kept of every split that datasets.load_dataset returns to the script, before it maps them "
     "(default: 256; 0 keeps every row)."
 )
+GPU_MEMORY_HELP = (
+    "GiB of GPU memory the memory stage forecasts against: a training step or an evaluation that needs more fails "
+    "(default: the memory of the GPU present; without one the forecast is only reported)."
+)
 REPORT_HELP = "write a JSON report of every pipeline item (outcome, diagnosis, fix, figures) to this path."
 BASELINE_HELP = (
     "folder of regression baselines, one text file per script: the first run records the pipeline's key "
@@ -73,6 +77,7 @@ def register(parser: pytest.Parser) -> None:
     group.addoption("--trainer-timeout", metavar="SECONDS", help=TIMEOUT_HELP)
     group.addoption("--trainer-sample", metavar="N", help=SAMPLE_HELP)
     group.addoption("--trainer-batch-size", metavar="N", help=BATCH_SIZE_HELP)
+    group.addoption("--trainer-gpu-memory", metavar="GIB", help=GPU_MEMORY_HELP)
     group.addoption("--trainer-report", metavar="PATH", help=REPORT_HELP)
     group.addoption("--trainer-baseline", metavar="DIR", help=BASELINE_HELP)
     group.addoption("--trainer-baseline-update", action="store_true", default=False, help=BASELINE_UPDATE_HELP)
@@ -86,6 +91,7 @@ def register(parser: pytest.Parser) -> None:
     parser.addini("trainer_timeout", type="string", default="", help=TIMEOUT_HELP)
     parser.addini("trainer_sample", type="string", default="", help=SAMPLE_HELP)
     parser.addini("trainer_batch_size", type="string", default="", help=BATCH_SIZE_HELP)
+    parser.addini("trainer_gpu_memory", type="string", default="", help=GPU_MEMORY_HELP)
     parser.addini("trainer_report", type="string", default="", help=REPORT_HELP)
     parser.addini("trainer_baseline", type="string", default="", help=BASELINE_HELP)
 
@@ -104,6 +110,8 @@ class Settings:
     timeout: float = TIMEOUT
     sample: int = SAMPLE
     batch_size: int = 0
+    #: GiB of GPU memory to forecast against (0: the GPU present, if any).
+    gpu_memory: float = 0.0
     report: Path | None = None
     baseline: Path | None = None
     baseline_update: bool = False
@@ -130,9 +138,10 @@ def resolve(config: pytest.Config) -> Settings:
         devices=_choices(config, "trainer_devices", DEVICES),
         overfit_steps=_count(config, "trainer_overfit_steps", OVERFIT_STEPS),
         examples=_count(config, "trainer_examples", EXAMPLES),
-        timeout=_seconds(config, "trainer_timeout", TIMEOUT),
+        timeout=_number(config, "trainer_timeout", TIMEOUT, "a number of seconds (0 for no limit)"),
         sample=_count(config, "trainer_sample", SAMPLE, allow_zero=True),
         batch_size=_count(config, "trainer_batch_size", 0),
+        gpu_memory=_number(config, "trainer_gpu_memory", 0.0, "a number of GiB"),
         report=_path(config, "trainer_report"),
         baseline=baseline,
         baseline_update=bool(config.getoption("trainer_baseline_update")),
@@ -173,7 +182,7 @@ def _path(config: pytest.Config, name: str) -> Path | None:
     return None
 
 
-def _seconds(config: pytest.Config, name: str, default: float) -> float:
+def _number(config: pytest.Config, name: str, default: float, kind: str) -> float:
     raw, source = _pick(config, name)
     if not raw:
         return default
@@ -182,7 +191,7 @@ def _seconds(config: pytest.Config, name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise pytest.UsageError(f"{source}: {raw!r} is not a number of seconds (0 for no limit)")
+        raise pytest.UsageError(f"{source}: {raw!r} is not {kind}")
     return value
 
 

@@ -45,6 +45,8 @@ class Pipeline:
         self._pristine: dict[int, dict[str, torch.Tensor]] = {}
         #: How the Trainer checkpoints activations in training ("" for not at all), once it is turned on.
         self.checkpointing: str | None = None
+        #: Precision settings the script asked for that this machine turned off (bf16 without a GPU, say).
+        self.asked_precision: frozenset[str] = frozenset()
 
     # ---- data, as fed -----------------------------------------------------------------------
 
@@ -203,6 +205,13 @@ class Pipeline:
             trainer.model, trainer.optimizer, trainer.lr_scheduler = saved
             if given_state is not None and trainer.optimizer is not None:
                 trainer.optimizer.load_state_dict(given_state)
+
+    def precision(self) -> str | None:
+        """The mixed precision the script trains in, "fp16" or "bf16", or None for fp32."""
+        from pytest_trainer.loading import GPU_PRECISION
+
+        asked = self.asked_precision | {name for name in GPU_PRECISION if getattr(self.trainer.args, name, None)}
+        return "fp16" if "fp16" in asked else "bf16" if "bf16" in asked else None
 
     def planned_steps(self) -> int:
         """Optimizer steps the script would train for, which shapes the learning-rate schedule."""

@@ -12,6 +12,7 @@ from typing import TypeVar
 #: The stages in pipeline order: a stage only makes sense once the ones it needs work.
 STAGES: tuple[str, ...] = (
     "dataset", "collate", "targets", "forward", "backward", "step", "overfit", "eval",
+    "save", "precision", "memory",  # what fails hours in: the first checkpoint, mixed precision, GPU memory
     "labels", "lengths", "padding",  # hypothesis-driven properties
 )
 #: What each stage needs: when one of these fails, the stage is skipped as blocked instead of failing again.
@@ -23,6 +24,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "step": ("backward",),
     "overfit": ("step",),
     "eval": ("forward",),
+    "save": ("step",),
+    "precision": ("backward",),
+    "memory": ("step",),
     "labels": ("forward",),
     "lengths": ("forward",),
     "padding": ("forward",),

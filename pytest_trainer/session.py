@@ -57,6 +57,7 @@ class TrainerSession:
         pipeline = self._pipeline(loaded.trainer, name)
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
+        pipeline.asked_precision = loaded.asked_precision
         return pipeline
 
     def fixture_pipeline(self, trainer: Any, name: str) -> Pipeline:

@@ -41,14 +41,18 @@ def _checks() -> dict[str, Check]:
         forward,
         labels,
         lengths,
+        memory,
         overfit,
         padding,
+        precision,
+        save,
         step,
         targets,
     )
 
     return {"dataset": dataset.run, "collate": collate.run, "targets": targets.run, "forward": forward.run,
             "backward": backward.run, "step": step.run, "overfit": overfit.run, "eval": evaluation.run,
+            "save": save.run, "precision": precision.run, "memory": memory.run,
             "labels": labels.run, "lengths": lengths.run, "padding": padding.run, "baseline": baseline.run}
 
 

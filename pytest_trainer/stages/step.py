@@ -40,6 +40,23 @@ def at_peak_learning_rate(optimizer: Any) -> tuple[float, bool]:
     return peak, below
 
 
+def one_step(
+    pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, scheduler: Any
+) -> float:
+    """One training step as the Trainer takes it: loss, backward, optimizer and scheduler step; returns the loss."""
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss, _ = pipeline.loss(model, batch)
+    value = checked_loss(loss)
+    with diagnosis.pipeline_part("backward() through the model"):
+        loss.backward()
+    with diagnosis.pipeline_part("the optimizer's step"):
+        optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return value
+
+
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
@@ -52,16 +69,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             result.notes.append(f"the schedule starts below its peak (warmup); the step used the peak {peak:g}")
         trainable = {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
         before = dict(zip(trainable, fingerprints(list(trainable.values())), strict=True))
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        loss, _ = pipeline.loss(model, batch)
-        result.loss = checked_loss(loss)
-        with diagnosis.pipeline_part("backward() through the model"):
-            loss.backward()
-        with diagnosis.pipeline_part("the optimizer's step"):
-            optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
+        result.loss = one_step(pipeline, model, batch, optimizer, scheduler)
         after = dict(zip(trainable, fingerprints(list(trainable.values())), strict=True))
         changed = [name for name in trainable if after[name] != before[name]]
         broken = [name for name, parameter in trainable.items() if not torch.isfinite(parameter.detach()).all()]

@@ -1,0 +1,226 @@
+"""Forecast of the memory one training step and one evaluation take, without allocating it.
+
+The model's weights are swapped for fake tensors (torch's FakeTensorMode: shapes and dtypes, no
+storage), and the Trainer's own optimizer, the Trainer's loss, backward and the optimizer step run on
+them while a dispatch mode counts the bytes of every tensor alive. Two steps are taken and the second
+is measured, so the optimizer's state is there, as in every step of a run but the first.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pytest_trainer import diagnosis
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_trainer.pipeline import Pipeline
+
+GIB = 2**30
+
+
+@dataclass
+class Forecast:
+    """Bytes at the peak of a steady training step, by part."""
+
+    peak: int
+    parts: dict[str, int] = field(default_factory=dict)
+    #: How it was found.
+    how: str = "fake tensors (nothing allocated)"
+    #: Bytes of the gradients of the trainable weights, which the step holds at the end of backward.
+    gradients: int = 0
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{name} {size(value)}" for name, value in self.parts.items() if value)
+        return f"{size(self.peak)} ({shown})"
+
+
+def size(count: int) -> str:
+    """Bytes in the unit a person reads: `43.1 MiB`, `1.27 GiB`."""
+    return f"{count / GIB:.3g} GiB" if count >= GIB else f"{count / 2**20:.3g} MiB"
+
+
+@contextmanager
+def fake_weights(model: torch.nn.Module, mode: Any) -> Iterator[None]:
+    """Swap every parameter and buffer of `model` for a fake tensor of its shape and dtype, then put them back.
+
+    Weights shared between modules stay shared; gradients and requires_grad are kept per parameter.
+    """
+    import torch
+
+    swapped: list[tuple[dict[str, Any], str, Any]] = []
+    fakes: dict[int, Any] = {}
+    try:
+        for module in model.modules():
+            for table in (module._parameters, module._buffers):
+                for name, tensor in list(table.items()):
+                    if tensor is None:
+                        continue
+                    fake = fakes.get(id(tensor))
+                    if fake is None:
+                        fake = mode.from_tensor(tensor.detach())
+                        if isinstance(tensor, torch.nn.Parameter):
+                            fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
+                        fakes[id(tensor)] = fake
+                    swapped.append((table, name, tensor))
+                    table[name] = fake
+        yield
+    finally:
+        for table, name, tensor in reversed(swapped):
+            table[name] = tensor
+
+
+def training_step(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], dtype: Any = None) -> Forecast:
+    """The peak memory of a steady training step of `model` on `batch`, under autocast to `dtype` when given.
+
+    Fake tensors first; a pipeline that reads the values of its tensors (an `.item()` in its loss) cannot run on
+    them, and its step is taken for real on the model's device and tracked the same way.
+    """
+    try:
+        return _training_step(pipeline, model, batch, dtype, fake=True)
+    except Exception:  # the real step below fails in the same way where the pipeline itself is broken
+        with pipeline.weights_kept(model):
+            forecast = _training_step(pipeline, model, batch, dtype, fake=False)
+        forecast.how = "a real step tracked on this machine (the pipeline reads tensor values, which fake tensors lack)"
+        return forecast
+
+
+def _training_step(
+    pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], dtype: Any, fake: bool
+) -> Forecast:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    autocast = torch.autocast(device_type=device, dtype=dtype) if dtype is not None else nullcontext()
+    was_training = model.training
+    with fake_weights(model, mode) if mode else nullcontext(), pipeline.trainer_optimizer(model) as (optimizer, _):
+        if mode:
+            batch = {key: mode.from_tensor(value) if torch.is_tensor(value) else value for key, value in batch.items()}
+        model.train()
+        tracker = LiveBytes()
+        try:
+            with mode or nullcontext():
+                _step(pipeline, model, batch, optimizer, autocast)  # the optimizer's state comes to be
+                with tracker:
+                    _step(pipeline, model, batch, optimizer, autocast)
+        finally:
+            model.train(was_training)
+        parts = {
+            "weights": _bytes(model.parameters()),
+            "buffers": _bytes(model.buffers()),
+            "optimizer state": _bytes(value for state in optimizer.state.values() for value in state.values()
+                                      if torch.is_tensor(value)),
+        }
+        gradients = _bytes(parameter for parameter in model.parameters() if parameter.requires_grad)
+    parts["activations, gradients and temporaries"] = tracker.peak
+    return Forecast(sum(parts.values()), parts, gradients=gradients)
+
+
+def _bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages under `tensors`."""
+    storages = {id(storage): storage.nbytes() for storage in (tensor.untyped_storage() for tensor in tensors)}
+    return sum(storages.values())
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts the bytes of every tensor storage an operation creates, for as long as it lives, and their peak.
+
+    A storage an operation returns among its inputs' (an in-place update, a view) was there before: not counted.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = self.peak = 0
+        self._live: dict[int, tuple[int, weakref.ref[Any]]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        import torch
+        from torch.utils import _pytree
+
+        out = func(*args, **(kwargs or {}))
+        given = {id(value.untyped_storage()) for value in _pytree.tree_leaves((args, kwargs))
+                 if isinstance(value, torch.Tensor)}
+        for value in _pytree.tree_leaves(out):
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                if id(storage) not in given and id(storage) not in self._live:
+                    self._count(storage)
+        return out
+
+    def _count(self, storage: Any) -> None:
+        key, size = id(storage), int(storage.nbytes())
+        self._live[key] = (size, weakref.ref(storage, functools.partial(self._free, key)))
+        self.current += size
+        self.peak = max(self.peak, self.current)
+
+    def _free(self, key: int, _: Any = None) -> None:
+        size, _ = self._live.pop(key, (0, None))
+        self.current -= size
+
+
+def _step(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, autocast: Any) -> None:
+    with autocast:
+        loss, _ = pipeline.loss(model, batch)
+    with diagnosis.pipeline_part("backward() through the model"):
+        loss.backward()
+    with diagnosis.pipeline_part("the optimizer's step"):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any]) -> int:
+    """Bytes the Trainer keeps per evaluation row when it gathers predictions for compute_metrics.
+
+    What it keeps are the model's outputs but the loss (through preprocess_logits_for_metrics when set),
+    and the labels; computed on fake tensors where the pipeline runs on them, else for real.
+    """
+    try:
+        return _eval_outputs_per_row(pipeline, model, batch, fake=True)
+    except Exception:  # as in training_step
+        return _eval_outputs_per_row(pipeline, model, batch, fake=False)
+
+
+def _eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], fake: bool) -> int:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    trainer = pipeline.trainer
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+    was_training = model.training
+    with fake_weights(model, mode) if mode else nullcontext(), mode or nullcontext(), torch.no_grad():
+        model.eval()
+        inputs = {key: mode.from_tensor(value) if mode and torch.is_tensor(value) else value
+                  for key, value in batch.items()}
+        try:
+            with diagnosis.pipeline_part("the Trainer's prediction step"):
+                _, logits, labels = trainer.prediction_step(model, inputs, prediction_loss_only=False)
+            preprocess: Any = trainer.preprocess_logits_for_metrics
+            if logits is not None and preprocess is not None:
+                with diagnosis.pipeline_part("preprocess_logits_for_metrics"):
+                    logits = preprocess(logits, labels)
+        finally:
+            model.train(was_training)
+    rows = next((int(value.shape[0]) for value in batch.values() if torch.is_tensor(value) and value.dim()), 1)
+    return (_nbytes(logits) + _nbytes(labels)) // max(rows, 1)
+
+
+def _nbytes(value: Any) -> int:
+    import torch
+
+    if torch.is_tensor(value):
+        return int(value.numel() * value.element_size())
+    if isinstance(value, dict):
+        return sum(_nbytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(item) for item in value)
+    return 0

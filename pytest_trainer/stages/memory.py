@@ -1,0 +1,144 @@
+"""`memory`: one training step and the evaluation fit in the GPU's memory, forecast without allocating it.
+
+The forecast takes the script's own per-device batch size, the longest rows of its data as its collator
+batches them, its optimizer, mixed precision, gradient checkpointing and adapters (see `memory`). The
+evaluation's peak adds what the Trainer gathers for compute_metrics: every evaluation row's logits,
+unless preprocess_logits_for_metrics reduces them or eval_accumulation_steps moves them off the GPU.
+The budget is --trainer-gpu-memory, else the GPU present; without either the forecast is reported only.
+On CUDA the step is also taken for real and its measured peak reported beside the forecast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pytest_trainer import diagnosis, memory, tables
+from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.step import one_step
+
+if TYPE_CHECKING:
+    from pytest_trainer.fed import FedSplit
+    from pytest_trainer.pipeline import Pipeline
+
+GIB = memory.GIB
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    import torch
+
+    model = pipeline.model_on(device)
+    args = pipeline.trainer.args
+    result = StageResult("memory", device)
+    per_device = int(args.per_device_train_batch_size)
+    batch, length = longest_batch(pipeline, pipeline.training, per_device, device)
+    mixed = pipeline.precision()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed or "")
+    step = memory.training_step(pipeline, model, batch, dtype)
+    at = f"per_device_train_batch_size={per_device}" + (f" and the longest sequence of the data ({length} tokens)"
+                                                   if length else "")
+    result.figures.update({"train_step_gib": step.peak / GIB, "sequence_length": float(length),
+                           **{f"{part.replace(' ', '_')}_gib": value / GIB for part, value in step.parts.items()}})
+    result.notes.append(f"one training step at {at}{f' in {mixed}' if mixed else ''}: about {step.describe()}, "
+                        f"from {step.how}")
+    budget = _budget(pipeline, device)
+    if budget and step.peak > budget:
+        raise diagnosis.PipelineFailure(
+            f"one training step needs about {memory.size(step.peak)} at {at}, more than the "
+            f"{memory.size(budget)} of GPU memory: {step.describe()}",
+            "lower per_device_train_batch_size and raise gradient_accumulation_steps to keep the effective batch, "
+            "cap the sequence length (max_length), turn on gradient_checkpointing, train in bf16, or train "
+            "adapters (LoRA) instead of every weight",
+        )
+    evaluation = _evaluation(pipeline, model, step, device)
+    if evaluation is not None:
+        gathered, peak, rows, per_row = evaluation
+        result.figures.update({"eval_gathered_gib": gathered / GIB, "eval_peak_gib": peak / GIB})
+        result.notes.append(f"evaluation gathers {memory.size(per_row)} of predictions per row for compute_metrics "
+                            f"({rows} rows here: {memory.size(gathered)} on the GPU)")
+        if budget and peak > budget:
+            raise diagnosis.PipelineFailure(
+                f"evaluation keeps the predictions of every row on the GPU for compute_metrics: {rows} rows x "
+                f"{memory.size(per_row)} = {memory.size(gathered)} beside the model and its optimizer state, "
+                f"{memory.size(peak)} in all, more than the {memory.size(budget)} of GPU memory",
+                "reduce the logits before they are gathered with preprocess_logits_for_metrics (e.g. return "
+                "logits.argmax(-1)), or set eval_accumulation_steps to move them to the CPU every few batches",
+            )
+    if device == "cuda":
+        measured = _measured_step(pipeline, model, batch, dtype)
+        result.figures["train_step_measured_gib"] = measured / GIB
+        result.notes.append(f"measured on this GPU: {memory.size(measured)} (forecast {memory.size(step.peak)})")
+    if pipeline.settings.batch_size:
+        result.notes.append("the batch size is the one --trainer-batch-size sets, not the script's")
+    return result
+
+
+def longest_batch(pipeline: Pipeline, split: FedSplit, rows: int, device: str) -> tuple[dict[str, Any], int]:
+    """A batch of the `rows` longest rows read of `split`, made by the Trainer's collator; and its length."""
+    import torch
+
+    table = split.table
+    column = pipeline.task.sequence
+    count = table.num_rows
+    if column is not None and column in table.column_names and tables.depth(table.schema.field(column).type) > 0:
+        lengths = tables.row_lengths(table, column)
+        indices = sorted(int(index) for index in np.argsort(-lengths, kind="stable")[:rows])
+    else:
+        indices = list(range(min(rows, count)))
+    while len(indices) < rows and count:  # a split smaller than one batch is repeated, as training would not
+        indices.append(indices[len(indices) % count])
+    batch = pipeline.collate([dict(row) for row in split.samples(indices)], device)
+    found = batch.get(column) if column else None
+    length = int(found.shape[-1]) if torch.is_tensor(found) and found.dim() > 1 else 0
+    return batch, length
+
+
+def _budget(pipeline: Pipeline, device: str) -> int:
+    """Bytes of GPU memory to forecast against: the option, else the GPU present, else 0 (report only)."""
+    import torch
+
+    if pipeline.settings.gpu_memory:
+        return int(pipeline.settings.gpu_memory * GIB)
+    if torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(torch.device(device if device == "cuda" else "cuda")).total_memory)
+    return 0
+
+
+def _evaluation(pipeline: Pipeline, model: Any, step: memory.Forecast, device: str) -> tuple[int, int, int, int] | None:
+    """(bytes gathered, peak bytes, rows, bytes per row) of an evaluation that gathers predictions, else None."""
+    trainer, args = pipeline.trainer, pipeline.trainer.args
+    if trainer.compute_metrics is None or args.prediction_loss_only:
+        return None
+    split = next((split for split in pipeline.splits if split.description != "training"), None)
+    if split is None or not len(split):
+        return None
+    per_device = int(args.per_device_eval_batch_size)
+    batch, _ = longest_batch(pipeline, split, per_device, device)
+    per_row = memory.eval_outputs_per_row(pipeline, model, batch)
+    rows = len(split)
+    if args.eval_accumulation_steps:
+        rows = min(rows, int(args.eval_accumulation_steps) * per_device)
+    gathered = per_row * rows
+    resident = sum(step.parts.get(part, 0) for part in ("weights", "buffers", "optimizer state"))
+    return gathered, resident + gathered, rows, per_row
+
+
+def _measured_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], dtype: Any) -> int:
+    """The peak memory the CUDA allocator saw in a real second training step of the batch."""
+    import torch
+
+    with pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, _):
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+            one_step(pipeline, model, batch, optimizer, None)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()  # with what is on the GPU beside the step (a copy of the weights)
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+            one_step(pipeline, model, batch, optimizer, None)
+        torch.cuda.synchronize()
+        resident = {id(t): t for t in [*model.parameters(), *model.buffers()] if t.is_cuda}
+        resident.update({id(t): t for state in optimizer.state.values() for t in state.values()
+                         if torch.is_tensor(t) and t.is_cuda})
+        held = sum(t.numel() * t.element_size() for t in resident.values())
+        return held + int(torch.cuda.max_memory_allocated()) - before

@@ -1,0 +1,222 @@
+"""`save`: the first checkpoint, which a dry run never writes, is written and reloads to the same model.
+
+After one training step (so that adapters and heads differ from their initialisation), the Trainer's
+own code writes a checkpoint into a temporary folder: `save_model` (weights, config, tokenizer or
+processor) and the optimizer, scheduler and RNG states. The model is then reloaded the way a user
+would (`from_pretrained` of the folder, `load_adapter` for a PEFT adapter, `load_state_dict` for a
+model of one's own), and must give the same outputs on the fixed batch; the optimizer and scheduler
+are resumed with the Trainer's own loader.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import diagnosis
+from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.step import one_step
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_trainer.pipeline import Pipeline
+
+SAVING = "saving the model (Trainer.save_model)"
+SAVING_STATE = "saving the optimizer, scheduler and RNG states (the Trainer's checkpoint)"
+RESUMING = "resuming the optimizer and scheduler from the checkpoint (the Trainer's loader)"
+RELOADING = "reloading the saved model"
+#: Name under which a PEFT adapter is reloaded beside the one in training.
+RELOADED_ADAPTER = "pytest_trainer_reloaded"
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    import pytest
+    import torch
+
+    if device != "cpu" and "cpu" in pipeline.settings.devices:
+        pytest.skip("a checkpoint holds the same files whichever device trained: save[cpu] covers it")
+    model = pipeline.model_on(device)
+    batch = pipeline.batch_on(device)
+    result = StageResult("save", device, batch=batch)
+    trainer = pipeline.trainer
+    with tempfile.TemporaryDirectory(prefix="checkpoint-", dir=_parent(trainer)) as folder, \
+            pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, scheduler):
+        one_step(pipeline, model, batch, optimizer, scheduler)
+        try:
+            with diagnosis.pipeline_part(SAVING):
+                trainer.save_model(folder)
+        except (RuntimeError, TypeError, ValueError) as error:
+            unsaveable = _unsaveable(error, trainer)
+            if unsaveable is None:
+                raise
+            raise unsaveable from error
+        with diagnosis.pipeline_part(SAVING_STATE):
+            trainer._save_optimizer_and_scheduler(folder)
+            trainer._save_rng_state(folder)
+        with diagnosis.pipeline_part(RESUMING):
+            trainer._load_optimizer_and_scheduler(folder)
+        files = sorted(path.name for path in Path(folder).iterdir())
+        size = sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
+        model.eval()
+        with torch.no_grad():
+            expected = _outputs(pipeline, model, batch)
+            how = _compare_reloaded(pipeline, model, batch, expected, folder, device)
+        _check_processor(trainer, folder)
+    result.figures.update({"checkpoint_mib": size / 2**20, "checkpoint_files": float(len(files))})
+    result.notes.append(f"checkpoint of {size / 2**20:.1f} MiB ({', '.join(files)}); {how}")
+    return result
+
+
+def _parent(trainer: Any) -> str | None:
+    """The Trainer's output folder (the plugin's own temporary one) when it exists."""
+    output = Path(trainer.args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    return str(output)
+
+
+def _outputs(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The floating-point tensors the Trainer's loss and the model's outputs give on the batch."""
+    import torch
+
+    loss, outputs = pipeline.loss(model, batch)
+    found = {"loss": loss.detach()} if torch.is_tensor(loss) else {}
+    items = outputs.items() if isinstance(outputs, dict) else enumerate(outputs or ())
+    for key, value in items:
+        if torch.is_tensor(value) and value.is_floating_point():
+            found[str(key)] = value.detach()
+    return found
+
+
+def _compare_reloaded(
+    pipeline: Pipeline, model: Any, batch: dict[str, Any], expected: dict[str, Any], folder: str, device: str
+) -> str:
+    """Reload the checkpoint as a user would and fail when it gives other outputs; say how it was reloaded."""
+    if hasattr(model, "peft_config") and callable(getattr(model, "load_adapter", None)):
+        with diagnosis.pipeline_part(RELOADING):
+            model.load_adapter(folder, adapter_name=RELOADED_ADAPTER)
+        active = model.active_adapter
+        try:
+            model.set_adapter(RELOADED_ADAPTER)
+            _same_outputs(expected, _outputs(pipeline, model, batch), "the adapter reloaded with load_adapter", [])
+        finally:
+            model.set_adapter(active)
+            model.delete_adapter(RELOADED_ADAPTER)
+        return "the adapter reloads (PeftModel.load_adapter) to the same outputs"
+    from_pretrained = getattr(type(model), "from_pretrained", None)
+    if callable(from_pretrained) and hasattr(model, "config"):
+        with diagnosis.pipeline_part(RELOADING):
+            reloaded, info = from_pretrained(folder, dtype=model.dtype, output_loading_info=True)
+        reloaded.to(device).eval()
+        lost = sorted(info.get("missing_keys", ()))
+        _same_outputs(expected, _outputs(pipeline, reloaded, batch), f"{type(model).__name__}.from_pretrained", lost)
+        del reloaded
+        return f"{type(model).__name__}.from_pretrained reloads it to the same outputs"
+    return _compare_state_dict(model, folder)
+
+
+def _unsaveable(error: Exception, trainer: Any) -> diagnosis.PipelineFailure | None:
+    """What the checkpoint cannot hold, when `error` says it; None for an error this does not explain."""
+    message = str(error)
+    if "share memory" in message:
+        shared = re.findall(r"\[\{?([^\]]*?)\}?\]", message)
+        return diagnosis.PipelineFailure(
+            f"safetensors refuses to save weights that share memory without being declared tied"
+            f"{f' ({shared[0]})' if shared else ''}: the first checkpoint (save_steps) and save_model fail",
+            "declare the tie where the model is built (a PreTrainedModel lists it in _tied_weights_keys and ties "
+            "it in tie_weights), or give each module its own copy (nn.Parameter(weight.clone())) when they are "
+            "not meant to be shared",
+        )
+    if "JSON serializable" in message:
+        return diagnosis.PipelineFailure(
+            f"the model's config holds a value JSON cannot store ({message}): save_pretrained fails at the "
+            "first checkpoint",
+            "keep config attributes to plain values (strings, numbers, lists, dicts); keep objects such as "
+            "modules, dtypes or functions out of the config, or rebuild them from plain values in __init__",
+        )
+    return None
+
+
+def _same_outputs(expected: dict[str, Any], found: dict[str, Any], how: str, lost: list[str]) -> None:
+    import torch
+
+    differences = {}
+    for key, value in expected.items():
+        other = found.get(key)
+        if other is None or other.shape != value.shape:
+            differences[key] = float("inf")
+            continue
+        tolerance = 1e3 * torch.finfo(value.dtype).eps
+        gap = float((value.float() - other.float()).abs().max()) if value.numel() else 0.0
+        if gap > tolerance * (1 + float(value.float().abs().max())):
+            differences[key] = gap
+    if not differences:
+        return
+    shown = ", ".join(f"{key} by {gap:.3g}" for key, gap in differences.items())
+    details = [f"weights the checkpoint lacks, newly initialised on reload: {', '.join(lost[:8])}"] if lost else []
+    raise diagnosis.PipelineFailure(
+        f"the model saved by the Trainer and reloaded with {how} gives other outputs on the same batch ({shown}): "
+        "every checkpoint of this run, and the final model, would be a different model",
+        "weights missing from the checkpoint come back newly initialised: declare weights shared with another "
+        "module as tied (_tied_weights_keys, tie_word_embeddings), register every trained module as a submodule, "
+        "and keep the config able to rebuild the model (a setting the constructor reads from elsewhere is lost)",
+        details,
+    )
+
+
+def _compare_state_dict(model: Any, folder: str) -> str:
+    """A model of the user's own has no from_pretrained: the checkpoint must hold its whole state dict."""
+    import torch
+    from safetensors.torch import load_file
+
+    weights = Path(folder) / "model.safetensors"
+    if not weights.is_file():
+        binary = Path(folder) / "pytorch_model.bin"
+        if not binary.is_file():
+            raise diagnosis.PipelineFailure(
+                f"Trainer.save_model wrote no weights for the {type(model).__name__} ({_listing(folder)})",
+                "give the model save_pretrained/from_pretrained (subclass PreTrainedModel), or override "
+                "Trainer._save to write its weights",
+            )
+    with diagnosis.pipeline_part(RELOADING):
+        saved = load_file(str(weights)) if weights.is_file() else torch.load(binary, weights_only=True)
+    state = model.state_dict()
+    missing = sorted(set(state) - set(saved))
+    changed = sorted(key for key in set(state) & set(saved) if not torch.equal(state[key].cpu(), saved[key].cpu()))
+    if missing or changed:
+        raise diagnosis.PipelineFailure(
+            f"the checkpoint of the {type(model).__name__} lacks or alters weights it trains: "
+            f"{', '.join((missing + changed)[:8])}",
+            "save the model's whole state dict (Trainer._save writes model.state_dict() for a model of your own)",
+        )
+    return (f"the {type(model).__name__} has no from_pretrained: its checkpoint holds its whole state dict "
+            "(reload it with load_state_dict(safetensors.torch.load_file(...)))")
+
+
+def _check_processor(trainer: Any, folder: str) -> None:
+    """The tokenizer or processor saved beside the model loads back as the same one."""
+    processor = getattr(trainer, "processing_class", None)
+    from_pretrained = getattr(type(processor), "from_pretrained", None)
+    if processor is None or not callable(from_pretrained) or not hasattr(processor, "save_pretrained"):
+        return
+    with diagnosis.pipeline_part(f"reloading the saved {type(processor).__name__}"):
+        reloaded = from_pretrained(folder)
+    for what, read in (("vocabulary size", len), ("chat template", lambda p: getattr(p, "chat_template", None))):
+        try:
+            before, after = read(processor), read(reloaded)
+        except TypeError:  # a processor without a vocabulary
+            continue
+        if before != after:
+            raise diagnosis.PipelineFailure(
+                f"the {type(processor).__name__} saved with the checkpoint reloads with another {what} "
+                f"({before!r} became {after!r})",
+                "save the tokenizer or processor the script trains with (pass it as processing_class=) and keep its "
+                "settings in what save_pretrained writes",
+            )
+
+
+def _listing(folder: str) -> str:
+    names = sorted(path.name for path in Path(folder).iterdir())
+    return f"it wrote {', '.join(names)}" if names else "the folder is empty"
