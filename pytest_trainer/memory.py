@@ -122,8 +122,20 @@ def _training_step(
                                       if torch.is_tensor(value)),
         }
         gradients = _bytes(parameter for parameter in model.parameters() if parameter.requires_grad)
+        others = [value for value in vars(pipeline.trainer).values()  # a reference or reward model beside it
+                  if isinstance(value, torch.nn.Module) and value is not model and not _contains(value, model)]
+        if others:
+            own = {id(tensor.untyped_storage()) for tensor in [*model.parameters(), *model.buffers()]}
+            parts["other models of the trainer"] = _bytes(
+                tensor for other in others for tensor in [*other.parameters(), *other.buffers()]
+                if id(tensor.untyped_storage()) not in own)
     parts["activations, gradients and temporaries"] = tracker.peak
     return Forecast(sum(parts.values()), parts, gradients=gradients)
+
+
+def _contains(wrapper: torch.nn.Module, model: torch.nn.Module) -> bool:
+    """Whether `wrapper` holds `model` (DDP, torch.compile), so that its weights are the model's."""
+    return any(module is model for module in wrapper.modules())
 
 
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -13,7 +13,12 @@ import pytest
 import tokenizers  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
-from transformers import BertForSequenceClassification, PreTrainedTokenizerFast, Trainer  # noqa: F401
+from transformers import (  # noqa: F401
+    BertForSequenceClassification,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainingArguments,  # its module, once forgotten by pytester, would make pickling the arguments fail
+    Trainer,
+)
 
 import pytest_trainer.stages.labels
 import pytest_trainer.stages.lengths
@@ -26,7 +31,8 @@ import pytest_trainer.strategies  # noqa: F401
 pytest_plugins = ["pytester"]
 
 #: Every item of a script on one device, in the order the plugin runs them.
-ITEMS = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "eval", "labels", "lengths", "padding")
+ITEMS = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "eval", "save", "precision", "memory",
+         "labels", "lengths", "padding")
 
 #: A module the test scripts import, as a real repository's scripts import their own helpers.
 TINY = '''

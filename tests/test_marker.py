@@ -70,7 +70,7 @@ def test_marker_with_module_runs_the_script(project: pytest.Pytester) -> None:
             trainer_stage.run()
     """)
     result = project.runpytest("-v")
-    result.assert_outcomes(passed=10, skipped=1)  # targets audits causal LMs only
+    result.assert_outcomes(passed=13, skipped=1)  # targets audits causal LMs only
     result.stdout.fnmatch_lines(["*test_pipeline[[]dataset-cpu[]] PASSED*"])
 
 

@@ -30,7 +30,7 @@ from trl import DPOTrainer, SFTTrainer  # noqa: F401
 # The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
 
 #: The stages every correct pipeline with an eval split must pass; the property items may skip with a reason.
-CORE = ("dataset", "collate", "forward", "backward", "step", "overfit", "eval")
+CORE = ("dataset", "collate", "forward", "backward", "step", "overfit", "eval", "save", "precision", "memory")
 
 
 def skip_reasons(result: pytest.RunResult) -> list[str]:
@@ -355,7 +355,7 @@ def test_dpo_passes(trl_project: pytest.Pytester) -> None:
     write(trl_project, "train.py", DPO)
     result = run_script(trl_project)
     # No eval split; preference pairs have no label column; lengths and padding may not apply to them either.
-    check_correct(result, passed=("dataset", "collate", "forward", "backward", "step", "overfit"),
+    check_correct(result, passed=("dataset", "collate", "forward", "backward", "step", "overfit", "save", "precision", "memory"),
                   skipped=("eval", "labels"), either=("lengths", "padding"))
     result.stdout.fnmatch_lines(["*SKIPPED*no eval_dataset*"])
 
