@@ -3,15 +3,17 @@
 After one training step (so that adapters and heads differ from their initialisation), the Trainer's
 own code writes a checkpoint into a temporary folder: `save_model` (weights, config, tokenizer or
 processor) and the optimizer, scheduler and RNG states. The model is then reloaded the way a user
-would (`from_pretrained` of the folder, `load_adapter` for a PEFT adapter, `load_state_dict` for a
-model of one's own), and must give the same outputs on the fixed batch; the optimizer and scheduler
-are resumed with the Trainer's own loader.
+would (`from_pretrained` of the folder, `load_adapter` for a PEFT adapter) and must give the same
+outputs on the fixed batch; a model of one's own, without from_pretrained, must find its whole state
+dict, unchanged, in the checkpoint. The optimizer and scheduler are resumed with the Trainer's own
+loader.
 """
 
 from __future__ import annotations
 
 import re
 import tempfile
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,6 +161,13 @@ def _unsaveable(error: Exception, trainer: Any) -> diagnosis.PipelineFailure | N
             "it in tie_weights), or give each module its own copy (nn.Parameter(weight.clone())) when they are "
             "not meant to be shared",
         )
+    if "JSON serializable" in message and _raised_saving_processor(error):
+        return diagnosis.PipelineFailure(
+            f"the {type(trainer.processing_class).__name__} saved beside the model holds a setting JSON cannot store "
+            f"({message}): save_model fails at the first checkpoint",
+            "keep the tokenizer's or processor's settings (its from_pretrained/init arguments, init_kwargs) to "
+            "plain values (strings, numbers, lists, dicts)",
+        )
     if "JSON serializable" in message:
         return diagnosis.PipelineFailure(
             f"the model's config holds a value JSON cannot store ({message}): save_pretrained fails at the "
@@ -167,6 +176,12 @@ def _unsaveable(error: Exception, trainer: Any) -> diagnosis.PipelineFailure | N
             "modules, dtypes or functions out of the config, or rebuild them from plain values in __init__",
         )
     return None
+
+
+def _raised_saving_processor(error: Exception) -> bool:
+    """Whether the tokenizer's or processor's save_pretrained raised `error`, rather than the model's."""
+    files = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
+    return any(re.search(r"(tokenization|processing|feature_extraction)_utils", name) for name in files)
 
 
 def _same_outputs(expected: dict[str, Any], found: dict[str, Any], how: str, lost: list[str]) -> None:
