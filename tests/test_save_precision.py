@@ -18,10 +18,9 @@ Each broken form was first run without the plugin (transformers 5.23, torch 2.13
 
 from __future__ import annotations
 
-import re
-
 import json
 import math
+import re
 from typing import Any
 
 import peft  # noqa: F401
