@@ -129,7 +129,7 @@ def _training_step(
             parts["other models of the trainer"] = _bytes(
                 tensor for other in others for tensor in [*other.parameters(), *other.buffers()]
                 if id(tensor.untyped_storage()) not in own)
-    parts["activations, gradients and temporaries"] = tracker.peak
+    parts["activations and gradients"] = tracker.peak
     return Forecast(sum(parts.values()), parts, gradients=gradients)
 
 
@@ -181,8 +181,8 @@ class LiveBytes(TorchDispatchMode):
 
 
 def _step(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, autocast: Any) -> None:
-    with autocast:
-        loss, _ = pipeline.loss(model, batch)
+    with autocast:  # the outputs are dropped before backward, as the Trainer's training_step drops them
+        loss = pipeline.loss(model, batch)[0]
     with diagnosis.pipeline_part("backward() through the model"):
         loss.backward()
     with diagnosis.pipeline_part("the optimizer's step"):

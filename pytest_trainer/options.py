@@ -6,6 +6,7 @@ is reported with where it came from, so the user knows which line to fix.
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,7 +191,7 @@ def _number(config: pytest.Config, name: str, default: float, kind: str) -> floa
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value >= 0:
+    if not 0 <= value < math.inf:
         raise pytest.UsageError(f"{source}: {raw!r} is not {kind}")
     return value
 

@@ -39,7 +39,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     at = f"per_device_train_batch_size={per_device}" + (f" and the longest sequence of the data ({length} tokens)"
                                                    if length else "")
     result.figures.update({"train_step_gib": step.peak / GIB, "sequence_length": float(length),
-                           **{f"{part.replace(' ', '_')}_gib": value / GIB for part, value in step.parts.items()}})
+                           **{f"{'_'.join(part.split())}_gib": value / GIB for part, value in step.parts.items()}})
     result.notes.append(f"one training step at {at}{f' in {mixed}' if mixed else ''}: about {step.describe()}, "
                         f"from {step.how}")
     budget = _budget(pipeline, device)
@@ -116,7 +116,10 @@ def _evaluation(pipeline: Pipeline, model: Any, step: memory.Forecast, device: s
     per_device = int(args.per_device_eval_batch_size)
     batch, _ = longest_batch(pipeline, split, per_device, device)
     per_row = memory.eval_outputs_per_row(pipeline, model, batch)
-    rows = len(split)
+    try:  # the Trainer gathers every row of the split, not only the ones the plugin read
+        rows = len(split.given)
+    except TypeError:  # a stream: the rows read
+        rows = len(split)
     if args.eval_accumulation_steps:
         rows = min(rows, int(args.eval_accumulation_steps) * per_device)
     gathered = per_row * rows

@@ -46,7 +46,7 @@ def one_step(
     """One training step as the Trainer takes it: loss, backward, optimizer and scheduler step; returns the loss."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss, _ = pipeline.loss(model, batch)
+    loss = pipeline.loss(model, batch)[0]  # the outputs are dropped before backward, as in the Trainer's step
     value = checked_loss(loss)
     with diagnosis.pipeline_part("backward() through the model"):
         loss.backward()
