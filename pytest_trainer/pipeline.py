@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from pytest_trainer import adapters, diagnosis, fed, tables, tasks
 from pytest_trainer.options import Settings
+from pytest_trainer.training import Pristine, Trajectory
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,7 +43,9 @@ class Pipeline:
         self.notes: list[str] = []
         self._batch: dict[str, Any] | None = None
         self._cpu_replica: torch.nn.Module | None = None
-        self._pristine: dict[int, dict[str, torch.Tensor]] = {}
+        self._pristine: dict[int, Pristine] = {}
+        self._runs: dict[str, Trajectory] = {}
+        self._start_losses: dict[str, float] = {}
         #: How the Trainer checkpoints activations in training ("" for not at all), once it is turned on.
         self.checkpointing: str | None = None
         #: Precision settings the script asked for that this machine turned off (bf16 without a GPU, say).
@@ -152,7 +155,15 @@ class Pipeline:
         return model
 
     def model_on(self, device: str) -> torch.nn.Module:
-        """The model on `device`, moved once; a CPU copy is kept before it goes to CUDA, to replay failures."""
+        """The model on `device` at its starting weights (a shared training run there ends and is undone).
+
+        Moved once; a CPU copy is kept before it goes to CUDA, to replay failures.
+        """
+        model = self._moved(device)
+        self.settle(device)
+        return model
+
+    def _moved(self, device: str) -> torch.nn.Module:
         if device == "cpu" and self._cpu_replica is not None:
             return self._cpu_replica
         with diagnosis.pipeline_part(f"moving the model to {device}"):
@@ -162,6 +173,61 @@ class Pipeline:
         if self.checkpointing is None:
             self.checkpointing = adapters.enable_checkpointing(self.trainer, model) or ""
         return model
+
+    def settle(self, device: str | None = None) -> None:
+        """End the shared training run on `device` (on every device when None): starting weights back, no gradients."""
+        for on in [device] if device else list(self._runs):
+            run = self._runs.pop(on, None)
+            if run is not None:
+                run.close()
+                self._starting_weights(run.model).restore(run.model)
+
+    def trajectory(self, device: str, factor: float = 1.0, within: int | None = None) -> Trajectory:
+        """The training run on the fixed batch shared on `device`, continued where another stage left it.
+
+        A run at another rate, or further than `within` steps, is ended and a new one starts from the starting weights.
+        """
+        run = self._runs.get(device)
+        if run is not None and (run.factor != factor or (within is not None and run.steps > within)):
+            self.settle(device)
+            run = None
+        if run is None:
+            model = self.model_on(device)
+            self._starting_weights(model)
+            run = self._runs[device] = Trajectory(self, model, device, factor,
+                                                           lambda: self.starting_loss(device))
+        return run
+
+    def starting_loss(self, device: str) -> float:
+        """The fixed batch's loss at the starting weights, in eval mode (the forward stage's figure)."""
+        if device not in self._start_losses:
+            import torch
+
+            from pytest_trainer.stages.forward import checked_loss
+
+            model = self._moved(device)
+            was_training = model.training
+            model.eval()
+            try:
+                with torch.no_grad():
+                    loss, _ = self.loss(model, self.batch_on(device))
+            finally:
+                model.train(was_training)
+            self._start_losses[device] = checked_loss(loss)
+        return self._start_losses[device]
+
+    def remember_starting_loss(self, device: str, value: float) -> None:
+        self._start_losses[device] = value
+
+    def changed_weights(self, model: torch.nn.Module) -> list[str]:
+        """The trainable parameters of `model` that differ from their starting values."""
+        return self._starting_weights(model).changed(model)
+
+    def _starting_weights(self, model: torch.nn.Module) -> Pristine:
+        saved = self._pristine.get(id(model))
+        if saved is None:
+            saved = self._pristine[id(model)] = Pristine(model)
+        return saved
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The Trainer's own loss (its compute_loss, subclasses included) and the model's outputs."""
@@ -173,26 +239,20 @@ class Pipeline:
 
     @contextmanager
     def weights_kept(self, model: torch.nn.Module) -> Iterator[None]:
-        """Run a block that trains `model`, then put its weights, buffers and mode back and drop its gradients.
-
-        The weights are copied once per model: every stage starts from them and puts them back.
-        """
-        saved = self._pristine.get(id(model))
-        if saved is None:
-            saved = self._pristine[id(model)] = {
-                name: tensor.detach().clone() for name, tensor in model.state_dict().items()
-            }
+        """Run a block that trains `model` from its starting weights, then put them, and its mode, back and drop its
+        gradients. The starting weights are kept in a temporary file, not as a copy in memory."""
+        self.settle()
+        saved = self._starting_weights(model)
         was_training = model.training
         try:
             yield
         finally:
-            model.load_state_dict(saved)
+            saved.restore(model)
             model.zero_grad(set_to_none=True)
             model.train(was_training)
 
-    @contextmanager
-    def trainer_optimizer(self, model: torch.nn.Module) -> Iterator[tuple[Any, Any]]:
-        """The Trainer's own optimizer and scheduler for `model`; the Trainer's state is put back afterwards."""
+    def optimizer_for(self, model: torch.nn.Module) -> tuple[Any, Any, Callable[[], None]]:
+        """The Trainer's own optimizer and scheduler for `model`, and how to put the Trainer's own back as they were."""
         trainer = self.trainer
         saved = (trainer.model, trainer.optimizer, trainer.lr_scheduler)
         given_state = copy.deepcopy(trainer.optimizer.state_dict()) if trainer.optimizer is not None else None
@@ -200,11 +260,36 @@ class Pipeline:
         try:
             with diagnosis.pipeline_part("the Trainer's optimizer and scheduler"):
                 trainer.create_optimizer_and_scheduler(num_training_steps=self.planned_steps())
-            yield trainer.optimizer, trainer.lr_scheduler
+            made = (trainer.optimizer, trainer.lr_scheduler)
         finally:
             trainer.model, trainer.optimizer, trainer.lr_scheduler = saved
+
+        def put_back() -> None:
             if given_state is not None and trainer.optimizer is not None:
                 trainer.optimizer.load_state_dict(given_state)
+
+        return made[0], made[1], put_back
+
+    @contextmanager
+    def trainer_optimizer(self, model: torch.nn.Module) -> Iterator[tuple[Any, Any]]:
+        """The Trainer's own optimizer and scheduler for `model`; the Trainer's state is put back afterwards."""
+        optimizer, scheduler, put_back = self.optimizer_for(model)
+        try:
+            with self.trainer_holding(model, optimizer, scheduler):
+                yield optimizer, scheduler
+        finally:
+            put_back()
+
+    @contextmanager
+    def trainer_holding(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> Iterator[None]:
+        """The Trainer with `model`, `optimizer` and `scheduler` as its own, for its checkpoint code."""
+        trainer = self.trainer
+        saved = (trainer.model, trainer.optimizer, trainer.lr_scheduler)
+        trainer.model, trainer.optimizer, trainer.lr_scheduler = model, optimizer, scheduler
+        try:
+            yield
+        finally:
+            trainer.model, trainer.optimizer, trainer.lr_scheduler = saved
 
     def precision(self) -> str | None:
         """The mixed precision the script trains in, "fp16" or "bf16", or None for fp32."""

@@ -11,8 +11,9 @@ from typing import TypeVar
 
 #: The stages in pipeline order: a stage only makes sense once the ones it needs work.
 STAGES: tuple[str, ...] = (
-    "dataset", "collate", "targets", "forward", "backward", "step", "overfit", "eval",
-    "save", "precision", "memory",  # what fails hours in: the first checkpoint, mixed precision, GPU memory
+    "dataset", "collate", "targets", "forward", "backward", "step", "overfit",
+    "save",  # the first checkpoint, of the model the steps before trained
+    "eval", "precision", "memory",  # what else fails hours in: evaluation, mixed precision, GPU memory
     "labels", "lengths", "padding",  # hypothesis-driven properties
 )
 #: What each stage needs: when one of these fails, the stage is skipped as blocked instead of failing again.

@@ -66,9 +66,13 @@ class TrainerStage:
         device: str,
         seed: int,
         on_cuda_broken: Callable[[str], None],
+        shares_training: bool = False,
     ) -> None:
         self._load, self.stage, self.device, self.seed = load, stage, device, seed
         self._on_cuda_broken = on_cuda_broken
+        #: Whether the next stage may continue the training this one did (a script's own items); else, and after
+        #: a failure, the model gets its starting weights back when the stage ends.
+        self.shares_training = shares_training
         #: What the last run() produced, for the report.
         self.result: StageResult | None = None
 
@@ -97,12 +101,18 @@ class TrainerStage:
                 "raise --trainer-timeout if it is only slow",
             )
 
-        with torch.random.fork_rng(devices=[]), time_limit(pipeline.settings.timeout, hung):
-            torch.manual_seed(self.seed)
-            if self.device != "cuda":
-                self.result = _explained(self.stage, pipeline, self.device)
-            else:
-                self.result = self._run_on_cuda(pipeline)
+        ended = False
+        try:
+            with torch.random.fork_rng(devices=[]), time_limit(pipeline.settings.timeout, hung):
+                torch.manual_seed(self.seed)
+                if self.device != "cuda":
+                    self.result = _explained(self.stage, pipeline, self.device)
+                else:
+                    self.result = self._run_on_cuda(pipeline)
+            ended = True
+        finally:
+            if not (ended and self.shares_training):
+                pipeline.settle()
         return self.result
 
     def _run_on_cuda(self, pipeline: Pipeline) -> StageResult:

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import adapters, diagnosis
 from pytest_trainer.stages import StageResult
-from pytest_trainer.stages.forward import checked_loss
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -26,23 +25,13 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "the model has no trainable parameter: every parameter has requires_grad=False, so nothing can learn",
             "unfreeze what should train, e.g. model.requires_grad_(True), or only the head's parameters",
         )
-    with pipeline.weights_kept(model):
-        model.train()
-        model.zero_grad(set_to_none=True)
-        loss, outputs = pipeline.loss(model, batch)
-        value = checked_loss(loss)
-        if loss.grad_fn is None and pipeline.checkpointing:
-            raise _checkpointed_inputs(pipeline, len(trainable), len(trainable))
-        if loss.grad_fn is None:
-            raise diagnosis.PipelineFailure(
-                "the loss is detached from the model (it has no grad_fn), so backward() reaches no parameter",
-                "compute the loss from the model's outputs without torch.no_grad(), .detach(), .item() or "
-                "numpy in between, and return that tensor from compute_loss",
-            )
-        with diagnosis.pipeline_part("backward() through the model"):
-            loss.backward()
-        # Kept by reference: weights_kept() only unhooks them from the parameters, so no copy is needed.
-        gradients = {name: parameter.grad.detach() for name, parameter in trainable if parameter.grad is not None}
+    run = pipeline.trajectory(device, within=0)  # the gradients the step stage then steps with
+    value = run.gradients()
+    if not run.attached and pipeline.checkpointing:
+        raise _checkpointed_inputs(pipeline, len(trainable), len(trainable))
+    if not run.attached:
+        raise detached_loss()
+    gradients = {name: parameter.grad.detach() for name, parameter in trainable if parameter.grad is not None}
     missing = [name for name, _ in trainable if name not in gradients]
     if missing and pipeline.checkpointing and _inside_checkpoints(missing):
         raise _checkpointed_inputs(pipeline, len(missing), len(trainable), missing)
@@ -66,9 +55,17 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         )
     norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gradients.values()])))
     return StageResult(
-        "backward", device, batch=batch, outputs=outputs, loss=value, gradients=gradients,
+        "backward", device, batch=batch, loss=value, gradients=gradients,
         figures={"gradient_norm": norm, "trainable_parameters": float(sum(p.numel() for _, p in trainable))},
         notes=notes,
+    )
+
+
+def detached_loss() -> diagnosis.PipelineFailure:
+    return diagnosis.PipelineFailure(
+        "the loss is detached from the model (it has no grad_fn), so backward() reaches no parameter",
+        "compute the loss from the model's outputs without torch.no_grad(), .detach(), .item() or "
+        "numpy in between, and return that tensor from compute_loss",
     )
 
 

@@ -28,6 +28,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     finally:
         model.train(was_training)
     value = checked_loss(loss)
+    pipeline.remember_starting_loss(device, value)
     result = StageResult("forward", device, batch=batch, outputs=outputs, loss=value, figures={"loss_at_init": value})
     if pipeline.task.labels == tasks.PREFERENCE:
         check_preference(pipeline, result)

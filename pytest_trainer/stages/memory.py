@@ -16,7 +16,7 @@ import numpy as np
 
 from pytest_trainer import diagnosis, memory, tables
 from pytest_trainer.stages import StageResult
-from pytest_trainer.stages.step import one_step
+from pytest_trainer.training import one_step
 
 if TYPE_CHECKING:
     from pytest_trainer.fed import FedSplit

@@ -13,12 +13,8 @@ from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis
 from pytest_trainer.stages import StageResult
-from pytest_trainer.stages.forward import checked_loss
-from pytest_trainer.stages.step import at_peak_learning_rate, fingerprints
 
 if TYPE_CHECKING:
-    import torch
-
     from pytest_trainer.pipeline import Pipeline
 
 #: The loss is judged after steps 1, 2, 4, 8, ... and the last: a pretrained model stops after a step or
@@ -64,10 +60,8 @@ class Attempt:
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    model = pipeline.model_on(device)
-    batch = pipeline.batch_on(device)
-    result = StageResult("overfit", device, batch=batch)
-    first = _attempt(pipeline, model, batch)
+    result = StageResult("overfit", device, batch=pipeline.batch_on(device))
+    first = _attempt(pipeline, device)
     result.notes.append(f"steps used the peak learning rate {first.rate:g}, without the schedule")
     result.figures.update({"loss_before": first.before, "loss_after": first.after,
                            "overfit_steps": float(len(first.curve)), "learning_rate": float(first.rate)})
@@ -87,7 +81,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     # Learning that is only slow (a small random model at a fine-tuning rate) is no defect: a faster rate tells
     # it from a pipeline that cannot learn, which no rate moves.
     for factor in ESCALATION if first.moved else ():
-        faster = _attempt(pipeline, model, batch, first.rate * factor)
+        faster = _attempt(pipeline, device, factor)
         if faster.learned:
             result.notes.append(
                 f"the loss fell only at {factor}x the learning rate ({faster.shown()}); at the script's rate: "
@@ -103,46 +97,24 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     )
 
 
-def _attempt(pipeline: Pipeline, model: torch.nn.Module, batch: dict, rate: float | None = None) -> Attempt:
-    """Steps on the batch (at the peak learning rate, or `rate`) until its loss falls, diverges or steps run out."""
-    import torch
+def _attempt(pipeline: Pipeline, device: str, factor: float = 1.0) -> Attempt:
+    """Steps on the batch (at `factor` x the peak learning rate) until its loss falls, diverges or steps run out.
 
-    clip = float(getattr(pipeline.trainer.args, "max_grad_norm", 0) or 0)
-    with pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, _):
-        peak, _ = at_peak_learning_rate(optimizer)
-        if rate is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = group["lr"] * rate / peak
-        trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
-        start = fingerprints(trainable)
-        before = _eval_loss(pipeline, model, batch)
-        after, curve, check_at = before, [], FIRST_CHECK
-        for step in range(1, pipeline.settings.overfit_steps + 1):
-            model.train()
-            optimizer.zero_grad(set_to_none=True)
-            loss, _ = pipeline.loss(model, batch)
-            curve.append(float(loss.detach().float()))
-            if not math.isfinite(curve[-1]):
+    At the script's rate the run continues the step stage's: its first step is that one.
+    """
+    run = pipeline.trajectory(device, factor, within=FIRST_CHECK)
+    before = run.starting_loss()
+    after, check_at, last, taken = before, FIRST_CHECK, pipeline.settings.overfit_steps, 0
+    for step in range(1, last + 1):
+        if run.steps < step:
+            run.step()
+        taken = step
+        if not math.isfinite(run.curve[step - 1]):
+            break
+        if step in (check_at, last):
+            check_at *= 2
+            after = run.eval_loss()
+            if not math.isfinite(after) or not before * (1 - FALL) < after < before * (1 + GROWTH):
                 break
-            with diagnosis.pipeline_part("backward() through the model"):
-                loss.backward()
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(trainable, clip)
-            with diagnosis.pipeline_part("the optimizer's step"):
-                optimizer.step()
-            if step in (check_at, pipeline.settings.overfit_steps):
-                check_at *= 2
-                after = _eval_loss(pipeline, model, batch, allow_nan=True)
-                if not math.isfinite(after) or not before * (1 - FALL) < after < before * (1 + GROWTH):
-                    break
-        moved = fingerprints(trainable) != start
-    return Attempt(rate if rate is not None else peak, before, after, curve, moved)
-
-
-def _eval_loss(pipeline: Pipeline, model: torch.nn.Module, batch: dict, allow_nan: bool = False) -> float:
-    import torch
-
-    model.eval()
-    with torch.no_grad():
-        loss, _ = pipeline.loss(model, batch)
-    return float(loss.detach().float()) if allow_nan else checked_loss(loss)
+    moved = bool(pipeline.changed_weights(run.model))
+    return Attempt(run.rate, before, after, run.curve[:taken], moved)

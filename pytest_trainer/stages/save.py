@@ -1,6 +1,6 @@
 """`save`: the first checkpoint, which a dry run never writes, is written and reloads to the same model.
 
-After one training step (so that adapters and heads differ from their initialisation), the Trainer's
+After training steps (so that adapters and heads differ from their initialisation), the Trainer's
 own code writes a checkpoint into a temporary folder: `save_model` (weights, config, tokenizer or
 processor) and the optimizer, scheduler and RNG states. The model is then reloaded the way a user
 would (`from_pretrained` of the folder, `load_adapter` for a PEFT adapter) and must give the same
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
 from pytest_trainer.stages import StageResult
-from pytest_trainer.stages.step import one_step
 
 if TYPE_CHECKING:
     import torch
@@ -40,13 +39,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     if device != "cpu" and "cpu" in pipeline.settings.devices:
         pytest.skip("a checkpoint holds the same files whichever device trained: save[cpu] covers it")
-    model = pipeline.model_on(device)
-    batch = pipeline.batch_on(device)
+    run = pipeline.trajectory(device)  # trained by the step and overfit stages, or one step here
+    if run.steps == 0:
+        run.step()
+    model, batch = run.model, run.batch
     result = StageResult("save", device, batch=batch)
     trainer = pipeline.trainer
     with tempfile.TemporaryDirectory(prefix="checkpoint-", dir=_parent(trainer)) as folder, \
-            pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, scheduler):
-        one_step(pipeline, model, batch, optimizer, scheduler)
+            pipeline.trainer_holding(model, run.optimizer, run.scheduler):
         try:
             with diagnosis.pipeline_part(SAVING):
                 trainer.save_model(folder)
