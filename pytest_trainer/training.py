@@ -57,7 +57,7 @@ class Pristine:
             return None
         value = torch.empty(like.shape, dtype=like.dtype)
         self._file.seek(span[0])
-        if self._file.readinto(memoryview(_bytes(value).numpy())) != span[1]:
+        if self._file.readinto(_bytes(value).numpy()) != span[1]:  # type: ignore[arg-type]
             raise OSError(f"the saved starting weights of {name} are cut short")
         return value
 
