@@ -2,8 +2,9 @@
 
 The model's weights are swapped for fake tensors (torch's FakeTensorMode: shapes and dtypes, no
 storage), and the Trainer's own optimizer, the Trainer's loss, backward and the optimizer step run on
-them while a dispatch mode counts the bytes of every tensor alive. Two steps are taken and the second
-is measured, so the optimizer's state is there, as in every step of a run but the first.
+them while a dispatch mode counts the bytes of every tensor alive. The optimizer first steps once on
+zero gradients, so its state is there, as in every step of a run but the first; the step after it is
+the one measured.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _training_step(
         tracker = LiveBytes()
         try:
             with mode or nullcontext():
-                _step(pipeline, model, batch, optimizer, autocast)  # the optimizer's state comes to be
+                _prime(model, optimizer)
                 with tracker:
                     _step(pipeline, model, batch, optimizer, autocast)
         finally:
@@ -178,6 +179,18 @@ class LiveBytes(TorchDispatchMode):
     def _free(self, key: int, _: Any = None) -> None:
         size, _ = self._live.pop(key, (0, None))
         self.current -= size
+
+
+def _prime(model: torch.nn.Module, optimizer: Any) -> None:
+    """An optimizer step on zero gradients, so its state comes to be as after a first step, without a forward."""
+    import torch
+
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.grad = torch.zeros_like(parameter)
+    with diagnosis.pipeline_part("the optimizer's step"):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _step(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, autocast: Any) -> None:

@@ -3,18 +3,28 @@
 Deterministic in CI (derandomized when the CI variable is set), no deadline (slow CPUs must not
 flake), and one example-database key per script and property, so a failure found once is replayed
 first on the next run.
+
+Where the examples can be checked together (`check_all`: a few batched forward passes instead of one
+per example), they are drawn first and checked at once; only when that fails does the search run again,
+example by example from the same seed, to find the failing example and shrink it. Checked together,
+examples that each pass might still fail (two rows nothing pads, say): then the search example by
+example decides, and finds nothing.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from typing import Any
 
 
-def search(strategy: Any, check: Callable[[Any], None], key: str, examples: int) -> None:
+def search(strategy: Any, check: Callable[[Any], None], key: str, examples: int,
+           check_all: Callable[[list[Any]], bool] | None = None) -> None:
     """Try `check` on examples of `strategy`; on failure, raise its exception for the smallest example found."""
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, given, seed, settings
+
+    handle: list[Callable[[Any], Any]] = [check]
 
     @settings(
         max_examples=examples,
@@ -26,7 +36,18 @@ def search(strategy: Any, check: Callable[[Any], None], key: str, examples: int)
     )
     @given(strategy)
     def prop(example: Any) -> None:
-        check(example)
+        handle[0](example)
 
     prop.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
+    if check_all is not None:
+        seed(random.getrandbits(64))(prop)  # both passes draw the same examples
+        drawn: list[Any] = []
+        handle[0] = drawn.append
+        prop()
+        try:
+            if check_all(drawn):
+                return
+        except Exception:
+            pass  # the search example by example below tells what fails, and why
+        handle[0] = check
     prop()

@@ -2,7 +2,8 @@
 
 The first batches rarely contain every class; a class the split never showed, or a ClassLabel with
 more names than the head has outputs, crashes training much later. Values are drawn from the
-domain, put on real rows, batched by the Trainer's collator and run through the forward pass.
+domain, put on real rows, batched by the Trainer's collator and run through the forward pass: all of them
+in batches of the training batch size, and one by one (to shrink) only when that fails.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
+    import torch
     from hypothesis import strategies as st
 
     reason = pipeline.task.skip("labels")
@@ -36,25 +38,32 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     model = pipeline.model_on(device)
     model.eval()
 
-    def accepts(example: tuple[Any, int]) -> None:
-        value, row = example
-        features = pipeline.rows([row])
-        features[0][column] = _relabel(features[0][column], value)
+    def loss_of(examples: list[tuple[Any, int]]) -> None:
+        features = pipeline.rows([row for _, row in examples])
+        for feature, (value, _) in zip(features, examples, strict=True):
+            feature[column] = _relabel(feature[column], value)
         batch = pipeline.collate(features, device)
-        try:
-            import torch
+        with torch.no_grad():
+            loss, _ = pipeline.loss(model, batch)
+        if has_targets(batch, pipeline.task):
+            checked_loss(loss)
 
-            with torch.no_grad():
-                loss, _ = pipeline.loss(model, batch)
-            if has_targets(batch, pipeline.task):
-                checked_loss(loss)
+    def accepts(example: tuple[Any, int]) -> None:
+        try:
+            loss_of([example])
         except Exception as error:
             if not diagnosis.owned_by_pipeline(error):
                 raise
-            raise _rejected(pipeline, domain, value, row, error) from error
+            raise _rejected(pipeline, domain, *example, error) from error
+
+    def all_accepted(examples: list[tuple[Any, int]]) -> bool:
+        size = max(1, int(pipeline.trainer.args.train_batch_size))  # batches as large as training's
+        for start in range(0, len(examples), size):
+            loss_of(examples[start:start + size])
+        return True
 
     search(st.tuples(strategies.label_values(pipeline), strategies.rows(pipeline)), accepts,
-           f"{pipeline.name}::labels[{device}]", pipeline.settings.examples)
+           f"{pipeline.name}::labels[{device}]", pipeline.settings.examples, all_accepted)
     return StageResult("labels", device, figures={"label_values": float(len(domain.values))})
 
 

@@ -1,7 +1,8 @@
 """`lengths` (property): real rows at every length the model can take go through collator and forward.
 
-Rows are drawn from the whole split (the longest always in reach) and cut or repeated to one drawn
-length from 1 to the model's position limit, then batched by the Trainer's own collator. Also
+A row is drawn from the whole split (the longest always in reach) and cut or repeated to a drawn
+length from 1 to the model's position limit, then batched by the Trainer's own collator. Lengths are
+not batched together: padding a short row to a long one would hide what fails at its own length. Also
 checks that the tokenizer's truncation length fits the model's positions, since a long example
 past them crashes training wherever it sits in the data.
 """
@@ -52,7 +53,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 [f"shortest failing row as text: {text!r}"] if text else [],
             ) from error
 
-    search(strategies.batches(pipeline), fits, f"{pipeline.name}::lengths[{device}]", pipeline.settings.examples)
+    search(strategies.batches(pipeline, max_rows=1), fits, f"{pipeline.name}::lengths[{device}]",
+           pipeline.settings.examples)
     limit = model_facts.position_limit(pipeline.model)
     return StageResult("lengths", device, figures={"position_limit": float(limit or 0)}, notes=[risk] if risk else [])
 
