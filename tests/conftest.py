@@ -31,7 +31,7 @@ import pytest_trainer.strategies  # noqa: F401
 pytest_plugins = ["pytester"]
 
 #: Every item of a script on one device, in the order the plugin runs them.
-ITEMS = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "eval", "save", "precision", "memory",
+ITEMS = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "save", "eval", "precision", "memory",
          "labels", "lengths", "padding")
 
 #: A module the test scripts import, as a real repository's scripts import their own helpers.
