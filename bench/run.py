@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -129,6 +130,28 @@ def commands(root: Path) -> list[Command]:
     return found
 
 
+def stage_times(cwd: Path, env: dict[str, str], log: Path) -> tuple[float, list[tuple[str, float]]]:
+    """One more run of the MiniLM suite with --durations: its wall time and each item's time (setup, call and
+    teardown together), longest first."""
+    command = Command("suite with --durations", [*suite(MNLI / "train.py"), "--durations=0", "--durations-min=0"])
+    wall = measure(command, cwd, env, log).wall_s
+    times: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        match = re.match(r"([0-9.]+)s (setup|call|teardown)\s+.*::(\S+)$", line.strip())
+        if match:
+            times[match.group(3)] = times.get(match.group(3), 0.0) + float(match.group(1))
+    return wall, sorted(times.items(), key=lambda item: -item[1])
+
+
+def profile_rows(wall: float, times: list[tuple[str, float]]) -> list[str]:
+    rows = [f"| `{item}` | {seconds:.2f} |" + (" runs the script up to `trainer.train()` first, as a dry run does |"
+                                               if item.startswith("dataset") else " |") for item, seconds in times]
+    rest = wall - sum(seconds for _, seconds in times)
+    rows.append(f"| startup, collection, report and exit | {rest:.2f} | pytest and its plugins (hypothesis's "
+                "among them) start before any item |")
+    return rows
+
+
 def example_rows(medians: dict[str, Sample]) -> list[str]:
     """Per bundled example: the whole default suite beside its dry run."""
     rows = []
@@ -163,7 +186,8 @@ def value(sample: Sample, metric: str) -> float:
     return sample.wall_s if metric == "wall" else sample.rss_mib
 
 
-def report(medians: dict[str, Sample], walls: dict[str, list[float]], cmds: list[Command], runs: int) -> str:
+def report(medians: dict[str, Sample], walls: dict[str, list[float]], cmds: list[Command], runs: int,
+           profile: tuple[float, list[tuple[str, float]]]) -> str:
     """RESULTS.md: context, the medians, and each ratio against its target."""
     rows = [
         f"| {name} | {s.wall_s:.2f} | {min(walls[name]):.2f}-{max(walls[name]):.2f} | {s.rss_mib:.0f} |"
@@ -204,6 +228,12 @@ def report(medians: dict[str, Sample], walls: dict[str, list[float]], cmds: list
             "| Ratio |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
             *example_rows(medians),
+            "",
+            f"Where the MiniLM suite's time goes (one more run with `--durations=0`, {profile[0]:.2f} s wall):",
+            "",
+            "| Item | Seconds | |",
+            "| --- | ---: | --- |",
+            *profile_rows(*profile),
             "",
             "Commands (`<tmp>` paths are the bench run's temporary copies):",
             "",
@@ -246,6 +276,7 @@ def main() -> None:
             {n: [s.wall_s for s in ss] for n, ss in samples.items()},
             cmds,
             runs,
+            stage_times(cwd, env, log),
         ).replace(tmp, "<tmp>")
     (BENCH / "RESULTS.md").write_text(text)
     print()
