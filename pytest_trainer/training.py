@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,17 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     import torch
 
     return tensor.reshape(-1).view(torch.uint8)
+
+
+def non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Names of the tensors holding NaN or inf, read once each without a copy: NaN and inf survive a float32 sum,
+    and a sum that is not finite is confirmed element by element (finite values can overflow it)."""
+    import torch
+
+    with torch.no_grad():
+        return [name for name, tensor in named if tensor.is_floating_point()
+                and not math.isfinite(float(tensor.sum(dtype=torch.float32)))
+                and not bool(torch.isfinite(tensor).all())]
 
 
 def at_peak_learning_rate(optimizer: Any) -> tuple[float, bool]:

@@ -31,29 +31,16 @@ class StageResult:
 Check = Callable[["Pipeline", str], StageResult]
 
 
-def _checks() -> dict[str, Check]:
-    from pytest_trainer.stages import (
-        backward,
-        baseline,
-        collate,
-        dataset,
-        evaluation,
-        forward,
-        labels,
-        lengths,
-        memory,
-        overfit,
-        padding,
-        precision,
-        save,
-        step,
-        targets,
-    )
+#: The module of each stage's check, where it is not named as the stage; imported when its stage first runs.
+_MODULES = {"eval": "evaluation"}
 
-    return {"dataset": dataset.run, "collate": collate.run, "targets": targets.run, "forward": forward.run,
-            "backward": backward.run, "step": step.run, "overfit": overfit.run, "eval": evaluation.run,
-            "save": save.run, "precision": precision.run, "memory": memory.run,
-            "labels": labels.run, "lengths": lengths.run, "padding": padding.run, "baseline": baseline.run}
+
+def _check(stage: str) -> Check:
+    import importlib
+
+    module = importlib.import_module(f"pytest_trainer.stages.{_MODULES.get(stage, stage)}")
+    check: Check = module.run
+    return check
 
 
 class TrainerStage:
@@ -117,7 +104,7 @@ class TrainerStage:
 
     def _run_on_cuda(self, pipeline: Pipeline) -> StageResult:
         __tracebackhide__ = True
-        check = _checks()[self.stage]
+        check = _check(self.stage)
         try:
             return check(pipeline, self.device)
         except diagnosis.PipelineFailure:
@@ -143,7 +130,7 @@ def _explained(stage: str, pipeline: Pipeline, device: str) -> StageResult:
     """Run a stage's check: the user's errors become failures in their terms, the plugin's own an internal error."""
     __tracebackhide__ = True
     try:
-        return _checks()[stage](pipeline, device)
+        return _check(stage)(pipeline, device)
     except diagnosis.PipelineFailure:
         raise
     except Exception as error:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import adapters, diagnosis
 from pytest_trainer.stages import StageResult
+from pytest_trainer.training import non_finite
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -46,7 +47,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         )
     check_added_tokens(pipeline, model, batch)
     notes = [f"trainable: {trainable_parts([name for name, _ in trainable])}"]
-    broken = [name for name, gradient in gradients.items() if not torch.isfinite(gradient).all()]
+    broken = non_finite(gradients.items())
     if broken:
         raise diagnosis.PipelineFailure(
             f"non-finite gradients (NaN or inf) in {len(broken)} parameters: {_names(broken)}",

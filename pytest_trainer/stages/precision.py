@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
 from pytest_trainer.stages import StageResult
+from pytest_trainer.training import non_finite
 
 if TYPE_CHECKING:
     import torch
@@ -120,8 +121,8 @@ def _check_autocast(
             )
         with diagnosis.pipeline_part(f"backward() under {mixed} autocast"):
             loss.backward()
-        broken = [name for name, parameter in model.named_parameters()
-                  if parameter.grad is not None and not torch.isfinite(parameter.grad).all()]
+        broken = non_finite((name, parameter.grad) for name, parameter in model.named_parameters()
+                            if parameter.grad is not None)
     if broken:
         raise diagnosis.PipelineFailure(
             f"backward under {mixed} autocast gives non-finite gradients for {len(broken)} weights, e.g. {broken[0]}",

@@ -6,14 +6,13 @@ from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis
 from pytest_trainer.stages import StageResult
+from pytest_trainer.training import non_finite
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import torch
-
     run = pipeline.trajectory(device, within=0)  # steps with the backward stage's gradients
     model = run.model
     result = StageResult("step", device, batch=run.batch)
@@ -28,8 +27,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             f"(learning rate {run.peak:g})",
             "check learning_rate, the optimizer given to the Trainer, and that the loss depends on the parameters",
         )
-    broken = [name for name, parameter in model.named_parameters()
-              if parameter.requires_grad and not torch.isfinite(parameter.detach()).all()]
+    broken = non_finite((name, parameter) for name, parameter in model.named_parameters() if parameter.requires_grad)
     if broken:
         raise diagnosis.PipelineFailure(
             f"one optimizer step made {len(broken)} parameters non-finite (NaN or inf), e.g. {broken[0]}",
