@@ -67,6 +67,26 @@ def test_every_task_example_passes_its_suite(pytester: pytest.Pytester) -> None:
         assert len(statuses) == len(ITEMS)
 
 
+#: The examples of other kinds of pipeline, and the items their task skips: neither is a causal LM (`targets`);
+#: seq2seq labels are decoder token ids, not classes (`labels`); images have no token length (`lengths`, `padding`).
+OTHER_KINDS = {"seq2seq": {"targets[cpu]", "labels[cpu]"}, "vision": {"targets[cpu]", "lengths[cpu]", "padding[cpu]"}}
+
+
+@pytest.mark.usefixtures("offline")
+def test_seq2seq_and_vision_examples_pass_their_suites(pytester: pytest.Pytester) -> None:
+    for name in OTHER_KINDS:
+        shutil.copytree(EXAMPLES / name, pytester.path / name)
+    result = pytester.runpytest(*(f"--trainer-module={name}/train.py" for name in OTHER_KINDS),
+                                "--trainer-devices=cpu", "-v", "-rs")
+    for name, skips in OTHER_KINDS.items():
+        statuses = _outcomes_of(result, f"{name}/train.py")
+        assert {item for item, status in statuses.items() if status != "PASSED"} == skips, (name, statuses)
+        assert {statuses[item] for item in skips} == {"SKIPPED"}
+        assert len(statuses) == len(ITEMS)
+    assert sorted(path.name for path in pytester.path.iterdir() if not path.name.startswith(".")) == sorted(
+        OTHER_KINDS)  # the scripts' output_dir went to the plugin's temporary folder
+
+
 def _outcomes_of(result: pytest.RunResult, script: str) -> dict[str, str]:
     prefix = f"{script}::"
     found = {}
