@@ -252,7 +252,7 @@ def main() -> None:
         root = Path(tmp)
         (cwd := root / "cwd").mkdir()
         env = {
-            **os.environ,
+            **{key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"},  # as in CI
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
             "HF_DATASETS_CACHE": str(root / "hf-datasets-cache"),
