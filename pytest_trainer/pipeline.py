@@ -155,13 +155,12 @@ class Pipeline:
         return model
 
     def model_on(self, device: str) -> torch.nn.Module:
-        """The model on `device` at its starting weights (a shared training run there ends and is undone).
+        """The model on `device` at its starting weights (a shared training run ends and is undone).
 
         Moved once; a CPU copy is kept before it goes to CUDA, to replay failures.
         """
-        model = self._moved(device)
-        self.settle(device)
-        return model
+        self.settle()  # before a move: the CPU copy kept for replays must have the starting weights too
+        return self._moved(device)
 
     def _moved(self, device: str) -> torch.nn.Module:
         if device == "cpu" and self._cpu_replica is not None:
@@ -194,8 +193,8 @@ class Pipeline:
         if run is None:
             model = self.model_on(device)
             self._starting_weights(model)
-            run = self._runs[device] = Trajectory(self, model, device, factor,
-                                                           lambda: self.starting_loss(device))
+            run = Trajectory(self, model, device, factor, lambda: self.starting_loss(device))
+            self._runs[device] = run
         return run
 
     def starting_loss(self, device: str) -> float:
