@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 import transformers
 
 
@@ -26,8 +27,11 @@ def patch_training_arguments(output_dir: str) -> None:
     load_best_model_at_end) sees what the script asked for and cannot undo ours.
     """
     original = transformers.TrainingArguments.__post_init__
+    gpu = torch.cuda.is_available()
 
     def __post_init__(self: Any) -> None:
+        if not gpu:  # fp16/bf16 need a GPU: a dry run on a CPU trains in fp32, as the plugin's CPU items do
+            self.fp16 = self.bf16 = False
         original(self)
         self.max_steps = 1
         self.eval_strategy = "no"
