@@ -1,0 +1,103 @@
+"""The training run the stages share, the starting weights kept on disk, and the search that checks examples together."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import GOOD_SCRIPT, write
+from hypothesis import strategies as st
+
+from pytest_trainer.search import search
+from pytest_trainer.stages.save import first_rows
+from pytest_trainer.training import Pristine, non_finite
+
+#: The smallest correct script, asking for bf16 as TRL's configs do: the precision item then reports a loss at the
+#: starting weights (this machine turns bf16 off, and the item checks it under CPU autocast).
+BF16_SCRIPT = GOOD_SCRIPT.replace('report_to="none")', 'report_to="none", bf16=True)')
+
+
+def _figures(pytester: pytest.Pytester, stages: str, name: str) -> dict[tuple[str, str], dict[str, float]]:
+    result = pytester.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", f"--trainer-stages={stages}",
+                                f"--trainer-report={name}")
+    assert result.ret == 0, result.stdout.str()
+    items = json.loads((pytester.path / name).read_text())["items"]
+    return {(item["stage"], item["device"]): item.get("figures", {}) for item in items}
+
+
+def test_the_shared_run_gives_each_item_the_same_figures_whichever_items_run(project: pytest.Pytester) -> None:
+    write(project, "train.py", BF16_SCRIPT)
+    everything = _figures(project, "forward,backward,step,overfit,save,eval,precision", "all.json")
+    alone = {stage: _figures(project, stage, f"{stage}.json")[(stage, "cpu")]
+             for stage in ("step", "overfit", "precision")}
+    for stage, figures in alone.items():
+        assert figures, stage
+        assert figures == pytest.approx(everything[(stage, "cpu")], rel=1e-6), stage
+    # overfit continued the step item's run (its first step is that one), and precision, after overfit and save,
+    # found the starting weights back: the loss under autocast is the one it finds when it runs first.
+    assert everything[("overfit", "cpu")]["loss_before"] == pytest.approx(everything[("forward", "cpu")]["loss_at_init"])
+    assert "autocast_loss" in alone["precision"]
+
+
+def test_starting_weights_come_back_and_the_trained_ones_are_named() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    model[2].requires_grad_(False)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    pristine = Pristine(model)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    model.train()
+    model(torch.randn(16, 4)).sum().backward()
+    optimizer.step()
+    assert pristine.changed(model) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert not torch.equal(model[1].running_mean, before["1.running_mean"])  # a buffer training changed
+    pristine.restore(model)
+    assert pristine.changed(model) == []
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+    pristine.close()
+
+
+def test_non_finite_names_nan_and_inf_and_not_large_finite_values() -> None:
+    huge = torch.full((10,), 3e38)  # finite, but its float32 sum is not
+    named = [("nan", torch.tensor([1.0, math.nan])), ("inf", torch.tensor([-math.inf, 0.0])), ("huge", huge),
+             ("half", torch.tensor([60000.0, 60000.0], dtype=torch.float16)), ("ids", torch.tensor([1, 2]))]
+    assert non_finite(named) == ["nan", "inf"]
+
+
+def test_search_checks_examples_together_and_one_by_one_only_when_that_fails() -> None:
+    one_by_one: list[int] = []
+
+    def check(value: int) -> None:
+        one_by_one.append(value)
+        if value >= 5:
+            raise ValueError(value)
+
+    def together(examples: list[int]) -> bool:
+        assert examples
+        return True
+
+    search(st.integers(0, 1000), check, "together passes", 20, together)
+    assert one_by_one == []
+
+    def fails_together(examples: list[int]) -> bool:
+        for value in examples:
+            check(value)
+        return True
+
+    with pytest.raises(ValueError, match="^5$"):  # found again one by one, and shrunk to the smallest
+        search(st.integers(0, 1000), check, "together fails", 20, fails_together)
+
+    one_by_one.clear()
+    search(st.integers(0, 4), check, "only together fails", 20, lambda examples: False)
+    assert one_by_one  # the examples were checked one by one, and none failed: no failure is reported
+
+
+def test_first_rows_cuts_the_tensors_whose_first_dimension_is_the_batch() -> None:
+    batch = {"input_ids": torch.zeros(8, 5), "labels": torch.zeros(8), "scale": torch.tensor(2.0),
+             "pixel_mean": torch.zeros(3), "names": ["a"] * 8}
+    cut = first_rows(batch, "input_ids", 2)
+    assert cut["input_ids"].shape == (2, 5) and cut["labels"].shape == (2,)
+    assert cut["scale"] is batch["scale"] and cut["pixel_mean"] is batch["pixel_mean"]
+    assert first_rows({"input_ids": torch.zeros(1, 5)}, "input_ids", 2)["input_ids"].shape == (1, 5)
