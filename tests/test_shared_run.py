@@ -86,7 +86,7 @@ def test_search_checks_examples_together_and_one_by_one_only_when_that_fails() -
             check(value)
         return True
 
-    with pytest.raises(ValueError, match="^5$"):  # found again one by one, and shrunk to the smallest
+    with pytest.raises(ValueError, match=r"^5$"):  # found again one by one, and shrunk to the smallest
         search(st.integers(0, 1000), check, "together fails", 20, fails_together)
 
     one_by_one.clear()
