@@ -200,19 +200,9 @@ class Pipeline:
     def starting_loss(self, device: str) -> float:
         """The fixed batch's loss at the starting weights, in eval mode (the forward stage's figure)."""
         if device not in self._start_losses:
-            import torch
-
             from pytest_trainer.stages.forward import checked_loss
 
-            model = self._moved(device)
-            was_training = model.training
-            model.eval()
-            try:
-                with torch.no_grad():
-                    loss, _ = self.loss(model, self.batch_on(device))
-            finally:
-                model.train(was_training)
-            self._start_losses[device] = checked_loss(loss)
+            self._start_losses[device] = checked_loss(self.eval_loss(self._moved(device), self.batch_on(device))[0])
         return self._start_losses[device]
 
     def remember_starting_loss(self, device: str, value: float) -> None:
@@ -235,6 +225,18 @@ class Pipeline:
             result = self.trainer.compute_loss(model, dict(batch), return_outputs=True)
         loss, outputs = result if isinstance(result, tuple) else (result, None)
         return loss, outputs
+
+    def eval_loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The Trainer's loss and the outputs in eval mode without gradients; the model's mode is put back."""
+        import torch
+
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return self.loss(model, batch)
+        finally:
+            model.train(was_training)
 
     @contextmanager
     def weights_kept(self, model: torch.nn.Module) -> Iterator[None]:

@@ -191,7 +191,9 @@ def trainer(request: pytest.FixtureRequest) -> Trainer:
             f"returns one, or give the marker the script: @pytest.mark.{MARKER}(module='train.py')",
             pytrace=False,
         )
-    return _pipeline(request).trainer
+    pipeline = _pipeline(request)
+    pipeline.settle()  # the script's own items may have left a shared training run: its starting weights back
+    return pipeline.trainer
 
 
 @pytest.fixture

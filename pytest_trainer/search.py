@@ -5,7 +5,8 @@ flake), and one example-database key per script and property, so a failure found
 first on the next run.
 
 Where the examples can be checked together (`check_all`: a few batched forward passes instead of one
-per example), they are drawn first and checked at once; only when that fails does the search run again,
+per example, False when the pipeline fails them; an exception of its own is a bug of the plugin and
+propagates), they are drawn first and checked at once; only when that fails does the search run again,
 example by example from the same seed, to find the failing example and shrink it. Checked together,
 examples that each pass might still fail (two rows nothing pads, say): then the search example by
 example decides, and finds nothing.
@@ -44,10 +45,7 @@ def search(strategy: Any, check: Callable[[Any], None], key: str, examples: int,
         drawn: list[Any] = []
         handle[0] = drawn.append
         prop()
-        try:
-            if check_all(drawn):
-                return
-        except Exception:
-            pass  # the search example by example below tells what fails, and why
-        handle[0] = check
+        if check_all(drawn):
+            return
+        handle[0] = check  # the search example by example tells what fails, and why
     prop()

@@ -273,15 +273,8 @@ class Trajectory:
 
     def eval_loss(self) -> float:
         """The batch's loss at the current weights, in eval mode (NaN stays NaN)."""
-        import torch
-
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad(), self._seeded():
-                loss, _ = self.pipeline.loss(self.model, self.batch)
-        finally:
-            self.model.train(was_training)
+        with self._seeded():
+            loss, _ = self.pipeline.eval_loss(self.model, self.batch)
         return float(loss.detach().float())
 
     def close(self) -> None:

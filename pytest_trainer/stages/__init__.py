@@ -104,9 +104,8 @@ class TrainerStage:
 
     def _run_on_cuda(self, pipeline: Pipeline) -> StageResult:
         __tracebackhide__ = True
-        check = _check(self.stage)
         try:
-            return check(pipeline, self.device)
+            return _check(self.stage)(pipeline, self.device)
         except diagnosis.PipelineFailure:
             raise
         except Exception as cuda_error:

@@ -16,17 +16,9 @@ if TYPE_CHECKING:
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import torch
-
     model = pipeline.model_on(device)
     batch = pipeline.batch_on(device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            loss, outputs = pipeline.loss(model, batch)
-    finally:
-        model.train(was_training)
+    loss, outputs = pipeline.eval_loss(model, batch)
     value = checked_loss(loss)
     pipeline.remember_starting_loss(device, value)
     result = StageResult("forward", device, batch=batch, outputs=outputs, loss=value, figures={"loss_at_init": value})

@@ -58,8 +58,13 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     def all_accepted(examples: list[tuple[Any, int]]) -> bool:
         size = max(1, int(pipeline.trainer.args.train_batch_size))  # batches as large as training's
-        for start in range(0, len(examples), size):
-            loss_of(examples[start:start + size])
+        try:
+            for start in range(0, len(examples), size):
+                loss_of(examples[start:start + size])
+        except Exception as error:
+            if not diagnosis.owned_by_pipeline(error):
+                raise
+            return False
         return True
 
     search(st.tuples(strategies.label_values(pipeline), strategies.rows(pipeline)), accepts,
