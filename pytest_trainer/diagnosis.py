@@ -18,7 +18,13 @@ _PIPELINE_PART = "_pytest_trainer_pipeline_part"
 
 
 class PipelineFailure(Exception):
-    """A pipeline problem found by a stage, with its cause and its fix."""
+    """A pipeline problem found by a stage, with its cause and its fix.
+
+    It blocks the stages that need this one: they are skipped rather than fail again on what failed here.
+    """
+
+    #: Whether the stages that need this one lose their meaning (no batch, no loss, no gradients).
+    blocks = True
 
     def __init__(self, cause: str, fix: str, details: Sequence[str] = ()) -> None:
         self.cause, self.fix, self.details = cause, fix, tuple(details)
@@ -27,6 +33,16 @@ class PipelineFailure(Exception):
     def render(self) -> str:
         lines = [self.cause, f"  fix: {self.fix}", *(f"  {line}" for line in self.details)]
         return "\n".join(lines)
+
+
+class Finding(PipelineFailure):
+    """A defect that spoils training but leaves what this stage makes usable (the batch, the loss, the gradients).
+
+    Unused parameters, a frozen head, a precision risk, a supervision mistake: one process still trains, so the
+    stages after this one still run and report their own problems.
+    """
+
+    blocks = False
 
 
 class InternalError(Exception):

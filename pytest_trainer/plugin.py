@@ -124,9 +124,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     if report.failed and report.when == "call":
         session = session_of(item.config)
-        if call.excinfo is not None and call.excinfo.errisinstance(ScriptError):
+        error = call.excinfo.value if call.excinfo is not None else None
+        if isinstance(error, ScriptError):
             session.block(_pipeline_key(item), ALL, ALL, f"not run: the Trainer did not load (see {step.name})")
-        else:
+        elif getattr(error, "blocks", True):  # a finding that leaves training working blocks nothing
             session.block(_pipeline_key(item), step.device, step.stage, f"blocked by {step.name}")
     if report.skipped and isinstance(item, StageItem) and isinstance(report.longrepr, tuple):
         path, line, _ = item.reportinfo()  # a skip points at the script, not at the plugin's source

@@ -119,7 +119,7 @@ class TrainerStage:
                 _explained(self.stage, pipeline, "cpu")
             except diagnosis.PipelineFailure as failure:
                 replayed = [*failure.details, "(found by replaying the failed CUDA step on the CPU)"]
-                raise diagnosis.PipelineFailure(failure.cause, failure.fix, replayed) from (
+                raise type(failure)(failure.cause, failure.fix, replayed) from (
                     failure.__cause__ or cuda_error
                 )
             raise _user_failure(cuda_error, pipeline, self.stage) from cuda_error
