@@ -10,11 +10,13 @@ filters) is put back afterwards.
 from __future__ import annotations
 
 import collections
+import contextlib
+import builtins
 import io
+import itertools
 import logging
 import os
 import random
-import runpy
 import sys
 import traceback
 import types
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 SCRIPT_SEED = 0
 #: Trainer methods that start real work; the first call stops the script.
 STOP_METHODS = ("train", "evaluate", "predict", "hyperparameter_search")
+#: Lines of a library's message shown as the cause of a script error (the whole error is shown below it).
+MESSAGE_LINES = 4
 
 
 class ScriptError(Exception):
@@ -110,7 +114,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             if factory:
                 _call_factory(script, factory, capture)
             else:
-                runpy.run_path(str(script), run_name="__main__")
+                run_script(script, "__main__")
         except _StopScript:
             pass
         except ScriptError:
@@ -132,12 +136,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             explained = script_errors.explain(error)
             if explained is not None:
                 raise ScriptError(script, *explained, _script_frame(script, error)) from error
-            raise ScriptError(
-                script,
-                f"the script raised {type(error).__name__}: {error}",
-                "fix the script so that `python " + script.name + "` gets as far as trainer.train()",
-                _script_frame(script, error),
-            ) from error
+            raise _raised(script, error) from error
     trainer = capture.trainer
     if trainer is None:
         raise ScriptError(
@@ -154,7 +153,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
 def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
     from transformers import Trainer
 
-    namespace = runpy.run_path(str(script), run_name=script.stem)
+    namespace = vars(run_script(script, script.stem))
     function = namespace.get(factory)
     if not callable(function):
         found = sorted(name for name, value in namespace.items() if isinstance(value, types.FunctionType))
@@ -171,6 +170,86 @@ def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
             f"make {factory}() return the Trainer it builds",
         )
     capture.started = made
+
+
+#: Names the scripts' modules are importable under in this process, one per script run.
+_SCRIPT_NAMES = itertools.count()
+
+
+def run_script(script: Path, name: str) -> types.ModuleType:
+    """Run `script` as the module `name` (`__main__`, as `python train.py` runs it) and keep it importable.
+
+    While it runs, the script is `sys.modules[name]`, as in a direct run. Afterwards the name goes back to its owner
+    (pytest's own `__main__`), and the module stays importable under a name of its own, which the classes and
+    functions it defined now carry: pickle finds them by that name, so a `TrainingArguments` subclass, a collator
+    dataclass or a callback of the script survives `torch.save` and checkpoints as in a direct run. The module is
+    kept even when the script stops with an error, for the same reason.
+    """
+    module = types.ModuleType(name)
+    module.__file__ = str(script)
+    module.__dict__.update(__builtins__=builtins, __spec__=None, __loader__=None, __package__=None)
+    with io.open_code(str(script)) as source:
+        code = compile(source.read(), str(script), "exec")
+    owner = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if owner is not None:
+            sys.modules[name] = owner
+        else:
+            sys.modules.pop(name, None)
+        _keep_importable(module, name)
+    return module
+
+
+def _keep_importable(module: types.ModuleType, name: str) -> None:
+    """Register `module` under a name of its own and give that name to what it defined as `name`."""
+    alias = f"__trainer_script_{next(_SCRIPT_NAMES)}__"
+    sys.modules[alias] = module
+    namespace = vars(module)
+    namespace["__name__"] = alias  # what the script defines later (in a function the plugin calls) carries it too
+    seen: set[int] = set()
+    pending = [value for value in list(namespace.values()) if isinstance(value, (type, types.FunctionType))]
+    while pending:
+        value = pending.pop()
+        if id(value) in seen or getattr(value, "__module__", None) != name:
+            continue
+        if isinstance(value, types.FunctionType) and value.__globals__ is not namespace:
+            continue
+        seen.add(id(value))
+        with contextlib.suppress(AttributeError, TypeError):  # a class whose __module__ cannot be set stays as it is
+            value.__module__ = alias
+        if isinstance(value, type):  # nested classes, and methods that pickle by reference
+            pending.extend(member for member in vars(value).values() if isinstance(member, (type, types.FunctionType)))
+
+
+def _raised(script: Path, error: Exception) -> ScriptError:
+    """An error nothing explains: the raiser's own message first, then where the script called it."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    message = "\n    ".join(lines[:MESSAGE_LINES]) + (" ..." if len(lines) > MESSAGE_LINES else "") or "(no message)"
+    where = _script_frame(script, error)
+    library = _library_of(error)
+    if library is None:
+        fix = f"fix the script at the line above, so that `python {script.name}` gets as far as trainer.train()"
+    else:
+        fix = (f"the message comes from {library}, called by the script's line above while it built its objects: "
+               "change what that line passes, as the message says")
+    return ScriptError(script, f"{type(error).__name__}: {message}", fix, where)
+
+
+def _library_of(error: BaseException) -> str | None:
+    """The installed package whose code raised `error` (its innermost frame), or None for the script's own code."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    if trace is None:
+        return None
+    parts = Path(trace.tb_frame.f_code.co_filename).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py")
+    return None
 
 
 def _exit_error(script: Path, exit: SystemExit, last_lines: list[str], given: list[str]) -> ScriptError:

@@ -123,6 +123,11 @@ def resolve(config: pytest.Config) -> Settings:
     invocation_dir = config.invocation_params.dir
     cli_modules = [invocation_dir / path for path in config.getoption("trainer_module")]
     modules = cli_modules or list(config.getini("trainer_module"))
+    source = "--trainer-module on the command line" if cli_modules else f"trainer_module in {config.inipath}"
+    for path in modules:
+        if not Path(path).is_file():
+            what = "is a folder, not a script" if Path(path).is_dir() else "does not exist"
+            raise pytest.UsageError(f"{source}: {path} {what}; give the path of the training script (a .py file)")
     args, args_source = _pick(config, "trainer_args")
     try:
         script_args = tuple(shlex.split(args or ""))

@@ -35,6 +35,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 #: Runs only when asked for (--trainer-baseline), on the CPU only, after everything else.
 BASELINE = "baseline"
+#: Running the script up to trainer.train(): the first item of a script, once, on its first device. When it fails,
+#: every other item of the script is skipped: there is no Trainer to test.
+LOAD = "load"
 #: Devices in run order: every CPU item runs before any CUDA item, so a CUDA crash cannot hide a CPU result.
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
@@ -67,15 +70,16 @@ def blocked_by(failed: str) -> set[str]:
 
 
 def plan(stages: Iterable[str], devices: Iterable[str]) -> list[Step]:
-    """Steps device by device, stages in pipeline order within a device."""
+    """A script's steps: its load, then device by device, stages in pipeline order within a device."""
     stage_set, device_set = set(stages), set(devices)
-    return [
+    steps = [
         Step(stage, device)
         for device in DEVICES
         if device in device_set
         for stage in (*STAGES, BASELINE)
         if stage in stage_set and (stage != BASELINE or device == "cpu")
     ]
+    return [Step(LOAD, steps[0].device), *steps] if steps else []
 
 
 T = TypeVar("T")

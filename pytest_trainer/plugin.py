@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("trainer_module") and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = []  # `pytest --trainer-module=train.py` alone tests the script, not testpaths too
     for script in settings.modules:
-        if script.is_file() and all(Path(arg.split("::")[0]).resolve() != script for arg in config.args):
+        if all(Path(arg.split("::")[0]).resolve() != script for arg in config.args):
             config.args.append(str(script))  # so it is collected even outside the folders pytest walks
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(), "trainer-xdist")
@@ -99,9 +99,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    for script in session_of(config).settings.modules:
-        if not script.is_file():  # its items fail with the reason, and the other scripts still run
-            items.extend(TrainerScript.from_parent(session, path=script).collect())
     steps = {id(item): step for item in items if (step := _step_of(item)) is not None}
     items[:] = cpu_first(items, steps)
 

@@ -205,15 +205,17 @@ ITEM = r"(?:\S*/)?([^/\s]+)::(\S+)"
 VERBOSE_LINE = re.compile(rf"^(?:{ITEM} {OUTCOME}|\[gw\d+\] \[\s*\d+%\] {OUTCOME} {ITEM})")
 
 
-def outcomes(result: pytest.RunResult, script: str = "train.py") -> dict[str, str]:
-    """`{"forward[cpu]": "PASSED", ...}` for each item of `script` in a verbose run."""
+def outcomes(result: pytest.RunResult, script: str = "train.py", load: bool = False) -> dict[str, str]:
+    """`{"forward[cpu]": "PASSED", ...}` for each stage item of `script` in a verbose run; with `load`, its
+    `load[...]` item too (when it fails, every stage item is skipped, which the stage outcomes show)."""
     found = {}
     for match in filter(None, map(VERBOSE_LINE.match, result.outlines)):
         file, item, outcome = match.group(1, 2, 3) if match[1] else match.group(5, 6, 4)
-        if file == script:
+        if file == script and (load or not item.startswith("load[")):
             found[item] = outcome
     return found
 
 
 def failures(result: pytest.RunResult, script: str = "train.py") -> list[str]:
-    return [item for item, outcome in outcomes(result, script).items() if outcome in ("FAILED", "ERROR")]
+    """The items of `script` that failed, its `load` item included."""
+    return [item for item, outcome in outcomes(result, script, load=True).items() if outcome in ("FAILED", "ERROR")]

@@ -44,13 +44,13 @@ def test_script_arguments_come_from_trainer_args(project: pytest.Pytester) -> No
 def test_argparse_rejecting_missing_arguments_suggests_trainer_args(project: pytest.Pytester) -> None:
     write(project, "train.py", ARGPARSE_MAIN.replace('default=5e-4', 'required=True'))
     result = run_script(project)
-    assert failures(result) == ["dataset[cpu]"]
-    assert set(list(outcomes(result).values())[1:]) == {"SKIPPED"}
+    assert failures(result) == ["load[cpu]"]
+    assert set(outcomes(result).values()) == {"SKIPPED"}
     result.stdout.fnmatch_lines([
-        "dataset[[]cpu[]] failed: train.py: the script exited (sys.exit with code 2) before building a Trainer*",
+        "load[[]cpu[]] failed: train.py: the script exited (sys.exit with code 2) before building a Trainer*",
         "*| *error: the following arguments are required: --lr*",
         "*fix: *--trainer-args=*",
-        "*SKIPPED*not run: the Trainer did not load (see dataset[[]cpu[]])*",
+        "*SKIPPED*not run: the Trainer did not load (see load[[]cpu[]])*",
     ])
 
 
@@ -172,31 +172,108 @@ def test_process_state_is_restored_after_the_script(project: pytest.Pytester) ->
         ("import tiny\nimport sys\nprint('loading data')\nsys.exit(3)\n",
          ["*the script exited (sys.exit with code 3) before building a Trainer*", "*| loading data*"]),
         ("import tiny\ndata = tiny.text_dataset()\nrows = data['missing_column']\n",
-         ["*train.py: the script raised ValueError*", "*at *train.py:3: rows = data*missing_column*"]),
+         ["load[[]cpu[]] failed: train.py: ValueError: Column 'missing_column' doesn't exist.",
+          "*at *train.py:3: rows = data*missing_column*",
+          "*fix: the message comes from datasets, called by the script's line above*"]),
+        ("import tiny\nraise RuntimeError('no GPU quota left')\n",
+         ["load[[]cpu[]] failed: train.py: RuntimeError: no GPU quota left", "*at *train.py:2*",
+          "*fix: fix the script at the line above*"]),
         ("import tiny\nprint('no trainer here')\n",
          ["*the script finished without building a transformers.Trainer*", "*fix: *--trainer-factory=NAME*"]),
     ],
-    ids=["syntax-error", "import-error", "sys-exit", "exception", "no-trainer"],
+    ids=["syntax-error", "import-error", "sys-exit", "library-error", "own-error", "no-trainer"],
 )
 def test_broken_script_fails_once_with_cause_and_fix(
     project: pytest.Pytester, source: str, expected: list[str]
 ) -> None:
     write(project, "train.py", source)
     result = run_script(project)
-    assert failures(result) == ["dataset[cpu]"]
-    assert set(list(outcomes(result).values())[1:]) == {"SKIPPED"}
+    assert failures(result) == ["load[cpu]"]
+    assert set(outcomes(result).values()) == {"SKIPPED"}
     result.stdout.fnmatch_lines(expected)
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
 
 
-def test_missing_script_fails_its_items_and_the_others_still_run(project: pytest.Pytester) -> None:
+def test_a_script_path_that_does_not_exist_is_a_usage_error(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
-    result = project.runpytest("--trainer-module=nowhere.py", "--trainer-module=train.py", "--trainer-devices=cpu",
-                               "--trainer-stages=dataset,forward", "-v")
-    assert failures(result, "nowhere.py") == ["dataset[cpu]"]
-    assert outcomes(result, "train.py") == {"dataset[cpu]": "PASSED", "forward[cpu]": "PASSED"}
-    result.stdout.fnmatch_lines(["*nowhere.py does not exist*", "*fix: check the path given to --trainer-module*"])
+    result = project.runpytest("--trainer-module=nowhere.py", "--trainer-module=train.py", "--trainer-devices=cpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--trainer-module on the command line: *nowhere.py does not exist; give the path "
+                                 "of the training script*"])
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    project.makeini("[pytest]\ntrainer_module = scripts\n")
+    (project.path / "scripts").mkdir()
+    result = project.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*trainer_module in *: *scripts is a folder, not a script*"])
+
+
+def test_the_trainer_loads_in_an_item_of_its_own(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    result = run_script(project, "--trainer-stages=forward")
+    assert outcomes(result, load=True) == {"load[cpu]": "PASSED", "forward[cpu]": "PASSED"}
+
+
+#: A script as people write them with HfArgumentParser: its own arguments class, collator and callback, all pickled
+#: by the checkpoint (training_args.bin) or by the test below.
+OWN_CLASSES = """
+    import dataclasses
+    import tiny
+    from transformers import DataCollatorWithPadding, HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
+
+    @dataclasses.dataclass
+    class BriefsTrainingArguments(TrainingArguments):
+        brief_length: int = dataclasses.field(default=12, metadata={"help": "words per brief"})
+
+    @dataclasses.dataclass
+    class Collator(DataCollatorWithPadding):
+        class Options:
+            pad_to = None
+
+    class Progress(TrainerCallback):
+        pass
+
+    def main():
+        (args,) = HfArgumentParser(BriefsTrainingArguments).parse_args_into_dataclasses(
+            args=["--output_dir", "out", "--per_device_train_batch_size", "8", "--report_to", "none"])
+        tok = tiny.tokenizer()
+        data = tiny.tokenized(tiny.text_dataset(), tok)
+        trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, eval_dataset=data,
+                          processing_class=tok, data_collator=Collator(tok), callbacks=[Progress()])
+        trainer.train()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_classes_the_script_defines_pickle_as_in_a_direct_run(project: pytest.Pytester) -> None:
+    write(project, "train.py", OWN_CLASSES)
+    project.makepyfile(test_pickles="""
+        import pickle
+        import sys
+
+        import pytest
+
+        @pytest.mark.trainer_pipeline(module="train.py", stages=["save"], devices=["cpu"])
+        def test_pickles(trainer, trainer_stage):
+            trainer_stage.run()
+            for value in (trainer.args, trainer.data_collator, trainer.data_collator.Options,
+                          trainer.callback_handler.callbacks[-1]):
+                assert type(pickle.loads(pickle.dumps(value))) is type(value)
+            assert sys.modules["__main__"] is not sys.modules[type(trainer.args).__module__]
+    """)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-stages=save",
+                               "test_pickles.py", "-v")
+    assert outcomes(result) == {"save[cpu]": "PASSED"}
+    result.assert_outcomes(passed=3)
+
+
+def test_classes_of_a_factory_script_pickle_too(project: pytest.Pytester) -> None:
+    write(project, "train.py", OWN_CLASSES.replace("def main():", "def build():").replace(
+        "trainer.train()", "return trainer").replace('if __name__ == "__main__":\n        main()', ""))
+    result = run_script(project, "--trainer-factory=build", "--trainer-stages=save")
+    assert outcomes(result) == {"save[cpu]": "PASSED"}
 
 
 def test_library_frames_under_a_script_error_are_folded(project: pytest.Pytester) -> None:
@@ -223,7 +300,7 @@ def test_a_hung_stage_fails_with_its_name(project: pytest.Pytester) -> None:
 def test_a_hung_script_fails_with_the_remedy(project: pytest.Pytester) -> None:
     write(project, "train.py", "import time\ntime.sleep(3600)\n")
     result = run_script(project, "--trainer-timeout=1", "--trainer-stages=dataset")
-    assert failures(result) == ["dataset[cpu]"]
+    assert failures(result) == ["load[cpu]"]
     result.stdout.fnmatch_lines(["*train.py: the script did not build its Trainer within 1 s*",
                                  "*fix: *--trainer-sample*--trainer-timeout*"])
 
@@ -248,7 +325,7 @@ def test_two_scripts_on_two_workers_each_stay_on_one(project: pytest.Pytester) -
 def test_unknown_factory_names_the_functions_there_are(project: pytest.Pytester) -> None:
     write(project, "train.py", "import tiny\ndef build():\n    pass\n")
     result = run_script(project, "--trainer-factory=make_trainer", "--trainer-stages=dataset")
-    result.stdout.fnmatch_lines(["dataset[[]cpu[]] failed: train.py: no function 'make_trainer' in the script",
+    result.stdout.fnmatch_lines(["load[[]cpu[]] failed: train.py: no function 'make_trainer' in the script",
                                  "  fix: --trainer-factory names one of its functions: build"])
     result.stdout.no_fnmatch_line("*the script raised ScriptError*")
 

@@ -1,0 +1,26 @@
+"""`load`: the script runs up to `trainer.train()` and builds its Trainer.
+
+The script itself runs when the pipeline is first asked for (a failure there is a `ScriptError`, which skips every
+other item of the script); this stage reports what was built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pytest_trainer.stages import StageResult
+
+if TYPE_CHECKING:
+    from pytest_trainer.pipeline import Pipeline
+
+
+def run(pipeline: Pipeline, device: str) -> StageResult:
+    trainer, model = pipeline.trainer, pipeline.model
+    parameters = list(model.parameters())
+    trainable = sum(parameter.numel() for parameter in parameters if parameter.requires_grad)
+    result = StageResult("load", device, figures={
+        "parameters": float(sum(parameter.numel() for parameter in parameters)),
+        "trainable_parameters": float(trainable),
+    })
+    result.notes.append(f"{type(trainer).__name__} of {type(model).__name__}")
+    return result
