@@ -12,7 +12,7 @@ def test_one_item_per_stage_and_device_cpu_first(project: pytest.Pytester) -> No
     result = project.runpytest("--trainer-module=train.py", "--trainer-module=other.py", "--collect-only", "-q")
     ids = [line for line in result.outlines if "::" in line]
     stages = ITEMS
-    expected_cpu = [f"{script}::{stage}[cpu]" for script in ("train.py", "other.py") for stage in stages]
+    expected_cpu = [f"{script}::{stage}[cpu]" for script in ("train.py", "other.py") for stage in ("load", *stages)]
     expected_cuda = [f"{script}::{stage}[cuda]" for script in ("train.py", "other.py") for stage in stages]
     assert ids == expected_cpu + expected_cuda
 
@@ -24,14 +24,17 @@ def test_keyword_selection_and_narrowing_options(project: pytest.Pytester) -> No
     result.stdout.fnmatch_lines(["train.py::forward[[]cpu[]] PASSED*"])
     narrowed = project.runpytest("--trainer-module=train.py", "--trainer-stages=step,dataset",
                                  "--trainer-devices=cpu", "--collect-only", "-q")
-    assert [line for line in narrowed.outlines if "::" in line] == ["train.py::dataset[cpu]", "train.py::step[cpu]"]
+    assert [line for line in narrowed.outlines if "::" in line] == [
+        "train.py::load[cpu]", "train.py::dataset[cpu]", "train.py::step[cpu]"]
+    only_cuda = project.runpytest("--trainer-module=train.py", "--trainer-devices=cuda", "--collect-only", "-q")
+    assert [line for line in only_cuda.outlines if "::" in line][:2] == ["train.py::load[cuda]", "train.py::dataset[cuda]"]
 
 
 def test_ini_keys_let_ci_run_plain_pytest(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
     project.makeini("[pytest]\ntrainer_module = train.py\ntrainer_devices = cpu\ntrainer_stages = dataset,forward\n")
     result = project.runpytest()
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)  # load, dataset, forward
 
 
 def test_unknown_stage_names_its_source(project: pytest.Pytester) -> None:
