@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trainer.plan import BASELINE, DEVICES, STAGES
+from pytest_trainer.plan import BASELINE, DEVICES, LOAD, STAGES
 
 #: Defaults of --trainer-overfit-steps and --trainer-examples (kept here: reading options imports no torch).
 OVERFIT_STEPS = 150
@@ -30,7 +30,8 @@ FACTORY_HELP = (
     "name of a function in the script that returns a Trainer; it is called instead of running "
     "the script as __main__."
 )
-STAGES_HELP = f"comma-separated stages to run (default: all of {', '.join(STAGES)})."
+STAGES_HELP = (f"comma-separated stages to run (default: all of {', '.join(STAGES)}); the script's {LOAD} item "
+               "always runs first.")
 DEVICES_HELP = f"comma-separated devices to run on (default: {', '.join(DEVICES)})."
 OVERFIT_STEPS_HELP = (
     "most optimizer steps the overfit stage takes on one batch; it stops as soon as the loss has fallen "
@@ -135,7 +136,7 @@ def resolve(config: pytest.Config) -> Settings:
         raise pytest.UsageError(f"{args_source}: cannot split {args!r} into arguments: {error}") from None
     factory, _ = _pick(config, "trainer_factory")
     baseline = _path(config, "trainer_baseline")
-    allowed = (*STAGES, BASELINE) if baseline else STAGES
+    allowed = (LOAD, *STAGES, BASELINE) if baseline else (LOAD, *STAGES)
     return Settings(
         modules=tuple(dict.fromkeys(Path(path).resolve() for path in modules)),
         script_args=script_args,

@@ -71,15 +71,15 @@ def blocked_by(failed: str) -> set[str]:
 
 def plan(stages: Iterable[str], devices: Iterable[str]) -> list[Step]:
     """A script's steps: its load, then device by device, stages in pipeline order within a device."""
-    stage_set, device_set = set(stages), set(devices)
-    steps = [
+    stage_set, on = set(stages), [device for device in DEVICES if device in set(devices)]
+    if not stage_set or not on:
+        return []
+    return [Step(LOAD, on[0])] + [
         Step(stage, device)
-        for device in DEVICES
-        if device in device_set
+        for device in on
         for stage in (*STAGES, BASELINE)
         if stage in stage_set and (stage != BASELINE or device == "cpu")
     ]
-    return [Step(LOAD, steps[0].device), *steps] if steps else []
 
 
 T = TypeVar("T")

@@ -41,7 +41,7 @@ def test_unknown_stage_names_its_source(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
     result = project.runpytest("--trainer-module=train.py", "--trainer-stages=forwrd")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--trainer-stages on the command line: unknown 'forwrd'; choose from dataset, *"])
+    result.stderr.fnmatch_lines(["*--trainer-stages on the command line: unknown 'forwrd'; choose from load, dataset, *"])
 
 
 def test_script_beside_regular_tests_is_not_imported_as_tests(project: pytest.Pytester) -> None:
