@@ -13,7 +13,7 @@ def test_summary_is_one_line_when_everything_passed(project: pytest.Pytester) ->
     result = project.runpytest("--trainer-module=train.py", "--trainer-stages=dataset,collate")
     result.stdout.fnmatch_lines([
         "*pytest-trainer: train.py*",
-        "all 2 items that ran passed, 2 skipped (CUDA is not available on this machine*)",
+        "all 3 items that ran passed, 2 skipped (CUDA is not available on this machine*)",  # load, dataset, collate
     ])
 
 

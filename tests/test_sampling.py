@@ -38,7 +38,7 @@ def thousand_rows(project: pytest.Pytester) -> pytest.Pytester:
 
 def test_load_dataset_is_cut_before_the_script_maps_it(thousand_rows: pytest.Pytester) -> None:
     result = run_script(thousand_rows, "--trainer-stages=dataset", "-s")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)  # load and dataset
     result.stdout.fnmatch_lines(["*ROWS MAPPED 256*"])
 
 

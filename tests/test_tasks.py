@@ -570,7 +570,7 @@ def test_hf_argument_parser_with_required_arguments(project: pytest.Pytester) ->
 def test_hf_argument_parser_missing_a_required_argument_names_trainer_args(project: pytest.Pytester) -> None:
     write(project, "train.py", ARGPARSE)
     result = run_script(project, "--trainer-args=--output_dir out", "--trainer-stages=dataset")
-    assert failures(result) == ["dataset[cpu]"]
+    assert failures(result) == ["load[cpu]"]
     result.stdout.fnmatch_lines([
         "*the script exited (sys.exit with code 2) before building a Trainer*",
         "*required*--num_labels*",
@@ -607,7 +607,8 @@ def test_dpo_forward_reports_the_chosen_and_rejected_log_probabilities(trl_proje
     write(trl_project, "train.py", DPO)
     result = run_script(trl_project, "--trainer-stages=forward", "--trainer-report=report.json")
     assert outcomes(result) == {"forward[cpu]": "PASSED"}
-    figures = json.loads((trl_project.path / "report.json").read_text())["items"][0]["figures"]
+    figures = next(item["figures"] for item in json.loads((trl_project.path / "report.json").read_text())["items"]
+                   if item["stage"] == "forward")
     assert {"logps_chosen", "logps_rejected"} <= set(figures), figures
     assert figures["logps_chosen"] < 0 and figures["logps_rejected"] < 0, figures
 
