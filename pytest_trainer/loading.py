@@ -9,9 +9,9 @@ filters) is put back afterwards.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextlib
-import builtins
 import io
 import itertools
 import logging
