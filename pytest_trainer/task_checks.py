@@ -36,7 +36,7 @@ def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
         index, count = found
         where = f"row {split.row(row_of(index))} of the {split.description} dataset"
         if target_ends(pipeline)[0]:
-            where += ", after its end token"
+            where += ", after its end token,"
         raise diagnosis.pad_in_targets(values[index], count, where)
 
 

@@ -139,10 +139,11 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
     column = pipeline.label_column(split.table)
     if task.labels not in tasks.CLASS_IDS or column is None or split.table.num_rows == 0:
         return
-    table, dataset_row = split.column(column)
-    width = _choices(table, task.sequence) if task.labels == tasks.CHOICE else model_facts.class_count(pipeline.model)
+    choices = task.labels == tasks.CHOICE
+    width = _choices(split.table, task.sequence) if choices else head_width(pipeline)
     if width is None:
         return
+    table, dataset_row = split.column(column)
     values, table_row = tables.flatten(table, column)
 
     def row_of(index: int) -> int:
@@ -169,12 +170,23 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
                 "and how the choices were built",
             )
         auto_class = "AutoModelForTokenClassification" if task.labels == tasks.TOKEN_CLASS else \
-            "AutoModelForSequenceClassification"
+            "AutoModelForSequenceClassification" if model_facts.class_count(pipeline.model) is not None else \
+            type(model_facts.base_model(pipeline.model)).__name__  # an image or audio classifier: its own class
         raise diagnosis.labels_beyond_head(int(used.min()), int(used.max()), width, where, auto_class)
     negative = np.flatnonzero((values < 0) & (values != IGNORE_INDEX))
     if negative.size:
         index = int(negative[0])
         raise diagnosis.negative_label(int(values[index]), f" in row {row_of(index)} of the {description} dataset")
+
+
+def head_width(pipeline: Pipeline) -> int | None:
+    """Outputs of a single-label classification head: text and token heads (`model_facts.class_count`), and any
+    other head the task calls a classifier of class ids (image, audio), whose `num_labels` is its width."""
+    width = model_facts.class_count(pipeline.model)
+    if width is None and pipeline.task.labels == tasks.CLASS:
+        count = getattr(getattr(model_facts.base_model(pipeline.model), "config", None), "num_labels", None)
+        width = count if isinstance(count, int) and count > 1 else None
+    return width
 
 
 def _choices(table: pa.Table, column: str | None) -> int | None:
@@ -212,7 +224,7 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
 def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
     """A classifier trained on one class only learns to predict that class."""
     column = pipeline.label_column(split.table)
-    if pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS) or model_facts.class_count(pipeline.model) is None \
+    if pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS) or head_width(pipeline) is None \
             or column is None or split.table.num_rows < 2:
         return
     values, _ = tables.flatten(split.column(column)[0], column)
