@@ -2,17 +2,28 @@
 
 What the model is fed is not what is stored. A split's samples are what its dataloader reads:
 after the Trainer drops the columns the model's forward does not take, and after the dataset's own
-transform (`set_transform`, `with_transform`) or a torch Dataset's `__getitem__`. Where the stored
-Arrow table *is* what is fed, it is read directly and checked whole, vectorised; otherwise the
-transform runs over the first rows (as many as --trainer-sample keeps) in batches, and the result
-is held as an Arrow table too, so every check reads one kind of table.
+transform (`set_transform`, `with_transform`) or a torch Dataset's `__getitem__`.
+
+Two tables answer, both Arrow:
+
+- `table`: the samples as fed, of rows spread evenly over the whole split (all of them when the
+  split is small, and for a stored split up to `STORED_ROWS`; through a transform, as many as
+  --trainer-sample keeps, since transforming is the costly part). Its row `i` is dataset row
+  `row(i)`; `len(split)` is its row count and `samples(indices)` takes positions in it.
+- `whole`: the one-number-per-row columns (class ids above all) that are fed as stored, read from
+  the stored table over every row of the split, row `i` being dataset row `i`. A transform's
+  column counts as fed as stored when its values on the sampled rows equal, row for row, those
+  of a stored column; a computed column is never read from storage.
+
+A label that appears only in the last rows of a split sorted by class is so found without running
+the transform over every row.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, tables
@@ -21,7 +32,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from transformers import Trainer
 
-#: Rows read of a split whose stored table is what is fed: whole-split checks are cheap there.
+#: Rows read of a split whose stored table is what is fed, spread over it.
 STORED_ROWS = 10_000
 #: Rows transformed at once when a split's samples come from a transform.
 TRANSFORM_BATCH = 64
@@ -41,6 +52,10 @@ class FedSplit:
         self._rows = rows
         #: Columns whose values Arrow cannot hold (objects, mixed types): no whole-split check reads them.
         self.opaque: list[str] = []
+        #: The dataset row of each row of `table` (None: row i is dataset row i).
+        self._read: list[int] | None = None
+        #: Columns of `table` fed as stored, and the stored column each one is.
+        self._passed: dict[str, str] = {}
 
     @functools.cached_property
     def dataset(self) -> Any:
@@ -70,46 +85,112 @@ class FedSplit:
 
     @functools.cached_property
     def table(self) -> pa.Table:
-        """The fed samples as one Arrow table: the whole split when stored, else its first transformed rows."""
+        """The fed samples of rows spread over the split, as one Arrow table (row i is dataset row `row(i)`)."""
         import datasets
 
         dataset = self.dataset
         if not self.transformed:
-            table = tables.stored(dataset, STORED_ROWS)
-            shown = dataset.format.get("columns")  # set_format(columns=...) feeds only those
-            if shown and not dataset.format.get("output_all_columns"):
-                table = table.select([name for name in shown if name in table.column_names])
+            self._read = tables.spread(len(dataset), STORED_ROWS)
+            table = tables.stored_rows(dataset, self._read, self._shown(dataset))
+            self._passed = {name: name for name in tables.scalar_columns(table.schema)}
             return table
         if isinstance(dataset, datasets.Dataset):
-            count = len(dataset) if not self._rows else min(len(dataset), self._rows)
+            self._read = tables.spread(len(dataset), self._rows)
             columns: dict[str, list[Any]] = {}
-            for start in range(0, count, TRANSFORM_BATCH):
+            for start in range(0, len(self._read), TRANSFORM_BATCH):
                 with diagnosis.pipeline_part(f"the {self.description} dataset's transform"):
-                    batch = dataset[start:min(start + TRANSFORM_BATCH, count)]
+                    batch = dataset[self._read[start:start + TRANSFORM_BATCH]]
                 for name, values in batch.items():
                     columns.setdefault(name, []).extend(values)
-        else:
-            samples = self._python_samples
-            if samples and not all(isinstance(sample, Mapping) for sample in samples):
-                self.opaque = [f"samples of type {type(samples[0]).__name__}"]
-                return tables.from_columns({})[0]
-            kept = self._kept_keys(samples)
-            columns = {name: [sample.get(name) for sample in samples] for name in kept}
-        table, self.opaque = tables.from_columns(columns)
+            table, self.opaque = tables.from_columns(columns)
+            self._passed = self._stored_as(table)
+            return table
+        samples = self._python_samples
+        if samples and not all(isinstance(sample, Mapping) for sample in samples):
+            self.opaque = [f"samples of type {type(samples[0]).__name__}"]
+            return tables.from_columns({})[0]
+        kept = self._kept_keys(samples)
+        table, self.opaque = tables.from_columns({name: [sample.get(name) for sample in samples] for name in kept})
         return table
 
+    @functools.cached_property
+    def whole(self) -> pa.Table:
+        """The columns fed as stored that hold one number per row, read over every row of the split."""
+        import pyarrow as pa
+
+        passed = self._fed_as_stored()
+        if not passed:
+            return pa.table({})
+        if not self.transformed and self.table.num_rows == len(self.dataset):
+            return self.table.select(list(passed))
+        stored = tables.stored_rows(self.dataset, None, sorted(set(passed.values())))
+        return pa.table({name: stored.column(source) for name, source in passed.items()})
+
+    def column(self, name: str) -> tuple[pa.Table, Callable[[int], int]]:
+        """The table to check column `name` on, and the dataset row of each of its rows: every row of the split
+        where the column is fed as stored (`whole`), else the spread samples (`table`)."""
+        if name in self.whole.column_names:
+            return self.whole, int
+        return self.table, self.row
+
+    def row(self, position: int) -> int:
+        """The dataset row that row `position` of `table` (and of `samples`) was read from."""
+        self.table  # noqa: B018 - reading the table decides which rows it holds
+        return int(position) if self._read is None else self._read[position]
+
     def samples(self, indices: list[int]) -> list[dict[str, Any]]:
-        """Samples as the collator receives them."""
+        """Samples as the collator receives them; `indices` are positions in `table` (0 to `len(self)` - 1), so the
+        sample at position i is the one whose values `table` holds in row i (dataset row `row(i)`)."""
         if not self.transformed:
             table = self.table
             return [table.slice(index, 1).to_pylist()[0] for index in indices]
+        if self._is_iterable or not hasattr(self.dataset, "__getitem__"):
+            return [dict(self._python_samples[index]) for index in indices]
         with diagnosis.pipeline_part(f"the {self.description} dataset's transform"):
-            if hasattr(self.dataset, "__getitem__") and not self._is_iterable:
-                return [dict(self.dataset[index]) for index in indices]
-        return [dict(self._python_samples[index]) for index in indices]
+            return [dict(self.dataset[self.row(index)]) for index in indices]
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
+
+    def _fed_as_stored(self) -> dict[str, str]:
+        self.table  # noqa: B018 - reading the table finds which of its columns are fed as stored
+        return self._passed
+
+    @staticmethod
+    def _shown(dataset: Any) -> list[str] | None:
+        """The stored columns a plain format feeds: set_format(columns=...) feeds only those."""
+        shown = dataset.format.get("columns")
+        if not shown or dataset.format.get("output_all_columns"):
+            return None
+        return [name for name in dataset.column_names if name in shown]
+
+    def _stored_as(self, table: pa.Table) -> dict[str, str]:
+        """Columns of the transform's output that hold, on every sampled row, the values of a stored column.
+
+        A column of the same name is tried first, then any other stored column of one number per row: a
+        transform that renames `label` to `labels` still passes it through. Only such columns are read from
+        storage over every row; one the transform computes (a remapped label, say) differs on some sampled
+        row and is checked on the samples alone.
+        """
+        import pyarrow as pa
+
+        stored_names = tables.scalar_columns(self.dataset.data.schema) if hasattr(self.dataset, "data") else []
+        produced = [name for name in tables.scalar_columns(table.schema) if name not in self.opaque]
+        if not stored_names or not produced or not table.num_rows:
+            return {}
+        assert self._read is not None
+        stored = tables.stored_rows(self.dataset, self._read, stored_names)
+        values = {name: stored.column(name).to_pylist() for name in stored_names}
+        passed: dict[str, str] = {}
+        for name in produced:
+            fed = table.column(name).to_pylist()
+            candidates = [name] if name in values else []
+            candidates += [other for other in stored_names if other != name and other not in passed.values()]
+            source = next((other for other in candidates if values[other] == fed), None)
+            if source is not None and pa.types.is_boolean(table.schema.field(name).type) == \
+                    pa.types.is_boolean(stored.schema.field(source).type):
+                passed[name] = source
+        return passed
 
     @property
     def _is_iterable(self) -> bool:
@@ -119,12 +200,14 @@ class FedSplit:
 
     @functools.cached_property
     def _python_samples(self) -> list[Any]:
-        """The first samples of a dataset that is not Arrow-backed, read as its dataloader would."""
+        """Samples of a dataset that is not Arrow-backed, read as its dataloader would: rows spread over it, or the
+        first ones of a stream."""
         limit = self._rows or STORED_ROWS
         with diagnosis.pipeline_part(f"the {self.description} dataset's __getitem__"):
             if self._is_iterable:
                 return list(itertools.islice(iter(self.dataset), limit))
-            return [self.dataset[index] for index in range(min(len(self.dataset), limit))]
+            self._read = tables.spread(len(self.dataset), limit)
+            return [self.dataset[index] for index in self._read]
 
     def _kept_keys(self, samples: list[Mapping[str, Any]]) -> list[str]:
         """Keys of the samples that the Trainer's column-removing collator keeps."""

@@ -21,6 +21,35 @@ def stored(dataset: Any, limit: int) -> pa.Table:
     return table if isinstance(table, pa.Table) else pa.table(table)
 
 
+def stored_rows(dataset: Any, rows: list[int] | None = None, columns: list[str] | None = None) -> pa.Table:
+    """Rows of a `datasets.Dataset` (all of them when `rows` is None) as stored, without any transform.
+
+    Only `columns` are read when given: an image column left out is never copied.
+    """
+    if columns is not None:
+        dataset = dataset.select_columns(columns)
+    if rows is not None and rows != list(range(len(dataset))):
+        dataset = dataset.select(rows)
+    table = dataset.with_format("arrow")[:]
+    return table if isinstance(table, pa.Table) else pa.table(table)
+
+
+def spread(count: int, limit: int) -> list[int]:
+    """`limit` row indices evenly spaced over `count` rows, the first and the last included (every row when `limit`
+    is 0 or at least `count`): deterministic, and a split sorted by class still shows every class."""
+    if not limit or limit >= count:
+        return list(range(count))
+    if limit == 1:
+        return [0]
+    return [index * (count - 1) // (limit - 1) for index in range(limit)]
+
+
+def scalar_columns(schema: pa.Schema) -> list[str]:
+    """Columns of one number per row (class ids, scores, flags): cheap to read over a whole split."""
+    return [field.name for field in schema
+            if pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_boolean(field.type)]
+
+
 def from_columns(columns: dict[str, list[Any]]) -> tuple[pa.Table, list[str]]:
     """Samples as produced by a transform or a `__getitem__` (tensors, arrays, lists), as an Arrow table.
 

@@ -27,11 +27,17 @@ def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
     column = pipeline.label_column(table)
     if column is None:
         return
+    if tables.depth(table.schema.field(column).type) != 1:
+        return
     values, row_of = tables.flatten(table, column)
-    found = padded_targets(pipeline, values)
+    counts, _ = tables.lengths(table, column)
+    found = padded_targets(pipeline, values, np.cumsum(counts))
     if found is not None:
         index, count = found
-        raise diagnosis.pad_in_targets(values[index], count, f"row {row_of(index)} of the {split.description} dataset")
+        where = f"row {split.row(row_of(index))} of the {split.description} dataset"
+        if target_ends(pipeline)[0]:
+            where += ", after its end token,"
+        raise diagnosis.pad_in_targets(values[index], count, where)
 
 
 def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
@@ -49,8 +55,9 @@ def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
     reversed_span = np.flatnonzero(starts > ends)
     if outside.size:
         row = int(outside[0])
+        named = split.row(row)
         raise diagnosis.PipelineFailure(
-            f"row {row} of the {split.description} dataset has an answer span {int(starts[row])}..{int(ends[row])} "
+            f"row {named} of the {split.description} dataset has an answer span {int(starts[row])}..{int(ends[row])} "
             f"outside its {int(lengths[row])} tokens ({outside.size} rows in all): the loss ignores such positions, "
             "so those answers are never learned",
             "compute start_positions and end_positions on the tokenized sequence (offset_mapping), and point "
@@ -58,24 +65,59 @@ def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
         )
     if reversed_span.size:
         row = int(reversed_span[0])
+        named = split.row(row)
         raise diagnosis.PipelineFailure(
-            f"row {row} of the {split.description} dataset has an answer that ends ({int(ends[row])}) before it "
+            f"row {named} of the {split.description} dataset has an answer that ends ({int(ends[row])}) before it "
             f"starts ({int(starts[row])}) ({reversed_span.size} rows in all)",
             "check how start_positions and end_positions are computed from the character offsets",
         )
 
 
-def padded_targets(pipeline: Pipeline, values: np.ndarray) -> tuple[int, int] | None:
-    """(first index, count) of target positions holding the pad id, where the pad id cannot be a real target."""
-    tokenizer = getattr(pipeline.trainer, "processing_class", None)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(getattr(pipeline.model, "config", None), "pad_token_id", None)
-    real_ends = {getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "bos_token_id", None)}
-    if not isinstance(pad, int) or pad in real_ends or values.dtype.kind not in "iu":
+def target_ends(pipeline: Pipeline) -> tuple[bool, int | None]:
+    """(whether the pad id is also a real end of a target, the pad id) as the tokenizer or else the model says.
+
+    A processor (feature extractor + tokenizer, as for Whisper) holds its tokenizer in `.tokenizer`; without a
+    pad id there, the model's config (or its generation config) has one, beside its end-of-sequence id.
+    """
+    given = getattr(pipeline.trainer, "processing_class", None)
+    tokenizer = getattr(given, "tokenizer", None) or given
+    config = getattr(pipeline.model, "config", None)
+    generation = getattr(pipeline.model, "generation_config", None)
+    sources = (tokenizer, config, generation)
+    pad = next((found for source in sources if isinstance(found := getattr(source, "pad_token_id", None), int)), None)
+    ends: set[int] = set()
+    for source in sources:
+        for name in ("eos_token_id", "bos_token_id"):
+            found = getattr(source, name, None)
+            ends.update(item for item in (found if isinstance(found, (list, tuple)) else [found])
+                        if isinstance(item, int))
+    return pad in ends, pad
+
+
+def padded_targets(pipeline: Pipeline, values: np.ndarray, ends: np.ndarray | None = None) -> tuple[int, int] | None:
+    """(first index, count) of the target positions that hold the pad id as padding, or None.
+
+    Where the pad id is no real target, every position holding it is padding. Where it is also the end
+    (or start) token, as with Whisper's `<|endoftext|>`, one supervised end token per row is correct and
+    padding is the run after it: only a pad id right after another one counts. Rows are those of a 2-D
+    `values`, or end at the cumulative lengths `ends` of a flat one; a flat one without `ends` is taken
+    as one sequence.
+    """
+    shared, pad = target_ends(pipeline)
+    if pad is None or values.dtype.kind not in "iu":
         return None
-    hits = np.flatnonzero(values == pad)
-    return (int(hits[0]), int(hits.size)) if hits.size else None
+    flat = values.reshape(-1)
+    hits = flat == pad
+    if shared:
+        hits[1:] &= hits[:-1].copy()
+        hits[:1] = False
+        if values.ndim > 1 and values.shape[-1]:
+            hits.reshape(-1, values.shape[-1])[:, 0] = False  # a run does not go on from one row to the next
+        elif ends is not None and ends.size > 1:
+            starts = ends[:-1][ends[:-1] < flat.size]
+            hits[starts] = False
+    found = np.flatnonzero(hits)
+    return (int(found[0]), int(found.size)) if found.size else None
 
 
 def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
@@ -89,8 +131,9 @@ def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
     label_counts, _ = tables.lengths(table, column)
     if token_counts.shape == label_counts.shape and (token_counts != label_counts).any():
         row = int(np.argmax(token_counts != label_counts))
+        named = split.row(row)
         raise diagnosis.PipelineFailure(
-            f"row {row} of the {description} dataset has {label_counts[row]} labels for {token_counts[row]} tokens: "
+            f"row {named} of the {description} dataset has {label_counts[row]} labels for {token_counts[row]} tokens: "
             "token-classification labels must be aligned with the tokens, not with the words",
             "align the labels with the tokens: use encoding.word_ids() to give each token its word's label "
             "(or -100), as in the token-classification example",
@@ -107,8 +150,9 @@ def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
     if wrong.size:
         index = int(wrong[0])
         token = tokenizer.convert_ids_to_tokens(int(ids[index]))
+        named = split.row(row_of(index))
         raise diagnosis.PipelineFailure(
-            f"positions of {token} carry label {labels[index]} (row {row_of(index)} of the {description} dataset, "
+            f"positions of {token} carry label {labels[index]} (row {named} of the {description} dataset, "
             f"{wrong.size} special-token positions in all)",
             f"set the labels of special tokens to -100 so the loss ignores them (word_ids() is None for {token})",
         )

@@ -1,11 +1,13 @@
 """`dataset`: every row of every split, as the Trainer will feed it, fits the model.
 
-The splits are read after the Trainer's own removal of unused columns. Each check covers the whole
-split with Arrow, and names the first bad row.
+The splits are read after the Trainer's own removal of unused columns (`fed.FedSplit`). A column fed as
+stored (the class ids, most often) is checked over every row of the split; what a transform computes
+is checked on rows spread over it. Each check names the first bad row by its index in the dataset.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,11 +30,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     split = pipeline.training
     table = check_split(pipeline, split)
     check_labels_present(pipeline, table)
-    check_labels_vary(pipeline, table)
+    check_labels_vary(pipeline, split)
     result = StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
     result.notes.append(f"task: {pipeline.task.name}")
     if split.transformed:
-        result.notes.append(f"{table.num_rows} training samples read through the dataset's transform")
+        total = f" spread over its {len(split.dataset)} rows" if hasattr(split.dataset, "__len__") else ""
+        result.notes.append(f"{table.num_rows} training samples read through the dataset's transform{total}")
+        if split.whole.column_names:
+            result.notes.append(f"read as stored over every row: {', '.join(split.whole.column_names)}")
     if split.opaque:
         result.notes.append(f"not checked (values Arrow cannot hold): {', '.join(split.opaque)}")
     return result
@@ -42,7 +47,8 @@ def check_split(pipeline: Pipeline, split: FedSplit) -> pa.Table:
     """Every check that holds for any split; returns the split as fed, as an Arrow table."""
     table = fed_table(pipeline, split)
     check_inputs(pipeline, split, table)
-    check_finite(split.description, table)
+    check_finite(split.description, table, split.row)
+    check_finite(split.description, split.whole)
     check_labels(pipeline, split)
     check_tokens(pipeline, split)
     for check in task_checks.FOR_TASK.get(pipeline.task.labels, ()):
@@ -129,14 +135,20 @@ def check_labels_present(pipeline: Pipeline, table: pa.Table) -> None:
 
 def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
     """Class ids fit the head (or the choices): integers in [0, width), or -100 to ignore a position."""
-    table, task, description = split.table, pipeline.task, split.description
-    column = pipeline.label_column(table)
-    if task.labels not in tasks.CLASS_IDS or column is None or table.num_rows == 0:
+    task, description = pipeline.task, split.description
+    column = pipeline.label_column(split.table)
+    if task.labels not in tasks.CLASS_IDS or column is None or split.table.num_rows == 0:
         return
-    width = _choices(table, task.sequence) if task.labels == tasks.CHOICE else model_facts.class_count(pipeline.model)
+    choices = task.labels == tasks.CHOICE
+    width = _choices(split.table, task.sequence) if choices else head_width(pipeline)
     if width is None:
         return
-    values, row_of = tables.flatten(table, column)
+    table, dataset_row = split.column(column)
+    values, table_row = tables.flatten(table, column)
+
+    def row_of(index: int) -> int:
+        return dataset_row(table_row(index))
+
     if values.dtype.kind == "f" and task.labels != tasks.CHOICE:
         raise diagnosis.PipelineFailure(
             f"the {description} labels are floats but the model is a {width}-class classifier, which needs "
@@ -158,12 +170,23 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
                 "and how the choices were built",
             )
         auto_class = "AutoModelForTokenClassification" if task.labels == tasks.TOKEN_CLASS else \
-            "AutoModelForSequenceClassification"
+            "AutoModelForSequenceClassification" if model_facts.class_count(pipeline.model) is not None else \
+            type(model_facts.base_model(pipeline.model)).__name__  # an image or audio classifier: its own class
         raise diagnosis.labels_beyond_head(int(used.min()), int(used.max()), width, where, auto_class)
     negative = np.flatnonzero((values < 0) & (values != IGNORE_INDEX))
     if negative.size:
         index = int(negative[0])
         raise diagnosis.negative_label(int(values[index]), f" in row {row_of(index)} of the {description} dataset")
+
+
+def head_width(pipeline: Pipeline) -> int | None:
+    """Outputs of a single-label classification head: text and token heads (`model_facts.class_count`), and any
+    other head the task calls a classifier of class ids (image, audio), whose `num_labels` is its width."""
+    width = model_facts.class_count(pipeline.model)
+    if width is None and pipeline.task.labels == tasks.CLASS:
+        count = getattr(getattr(model_facts.base_model(pipeline.model), "config", None), "num_labels", None)
+        width = count if isinstance(count, int) and count > 1 else None
+    return width
 
 
 def _choices(table: pa.Table, column: str | None) -> int | None:
@@ -184,7 +207,7 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
         values, row_of = tables.flatten(table, column)
         if rows is not None and values.size and values.max() >= rows:
             index = int(np.argmax(values >= rows))
-            where = f" in row {row_of(index)} of the {description} dataset"
+            where = f" in row {split.row(row_of(index))} of the {description} dataset"
             raise diagnosis.token_beyond_vocabulary(
                 int(values[index]), rows, where if column == task.sequence else f"{where} ({column!r})"
             )
@@ -194,16 +217,17 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
     counts = tables.row_lengths(table, task.sequence)
     if counts.size and counts.max() > limit:
         index = int(np.argmax(counts > limit))
-        raise diagnosis.sequence_too_long(int(counts[index]), limit, f" in row {index} of the {description} dataset")
+        raise diagnosis.sequence_too_long(int(counts[index]), limit,
+                                          f" in row {split.row(index)} of the {description} dataset")
 
 
-def check_labels_vary(pipeline: Pipeline, table: pa.Table) -> None:
+def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
     """A classifier trained on one class only learns to predict that class."""
-    column = pipeline.label_column(table)
-    if pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS) or model_facts.class_count(pipeline.model) is None \
-            or column is None or table.num_rows < 2:
+    column = pipeline.label_column(split.table)
+    if pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS) or head_width(pipeline) is None \
+            or column is None or split.table.num_rows < 2:
         return
-    values, _ = tables.flatten(table, column)
+    values, _ = tables.flatten(split.column(column)[0], column)
     used = np.unique(values[values != IGNORE_INDEX])
     if used.size == 1:
         raise diagnosis.PipelineFailure(
@@ -212,8 +236,10 @@ def check_labels_vary(pipeline: Pipeline, table: pa.Table) -> None:
         )
 
 
-def check_finite(description: str, table: pa.Table) -> None:
-    """NaN or infinite numbers in inputs or labels turn the loss into NaN at the first step that meets them."""
+def check_finite(description: str, table: pa.Table, dataset_row: Callable[[int], int] = int) -> None:
+    """NaN or infinite numbers in inputs or labels turn the loss into NaN at the first step that meets them.
+
+    `dataset_row` gives the dataset row of each row of `table` (rows spread over the split)."""
     for column in table.column_names:
         column_type = table.schema.field(column).type
         if not tables.is_numeric(column_type):
@@ -224,8 +250,9 @@ def check_finite(description: str, table: pa.Table) -> None:
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
             index = int(bad[0])
+            row = dataset_row(row_of(index))
             raise diagnosis.PipelineFailure(
-                f"column {column!r} of the {description} dataset holds {values[index]} in row {row_of(index)} "
+                f"column {column!r} of the {description} dataset holds {values[index]} in row {row} "
                 f"({bad.size} non-finite values in all): the loss becomes NaN where it meets them",
                 "drop or repair those rows before training (dataset.filter(...))",
             )
