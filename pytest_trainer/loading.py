@@ -370,26 +370,19 @@ def _sampled_datasets(rows: int, capture: _Capture) -> Iterator[None]:
 def _sample(loaded: Any, rows: int, capture: _Capture, source: str, split: str = "") -> Any:
     import datasets
 
+    from pytest_trainer import tables
+
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         return type(loaded)({name: _sample(part, rows, capture, source, name) for name, part in loaded.items()})
     where = f"{source}[{split}]" if split else source
     if isinstance(loaded, datasets.Dataset) and len(loaded) > rows:
         # Spread over the split: stored data is often sorted (an image folder by class, a corpus by source).
         capture.sampled.append(f"{where}: {rows} of {len(loaded)} rows, evenly spaced")
-        return loaded.select(spread(len(loaded), rows))
+        return loaded.select(tables.spread(len(loaded), rows))
     if isinstance(loaded, datasets.IterableDataset):
         capture.sampled.append(f"{where}: first {rows} rows of the stream")
         return loaded.take(rows)
     return loaded
-
-
-def spread(count: int, rows: int) -> list[int]:
-    """`rows` indices of `count`, evenly spaced from the first to the last, in order."""
-    if rows >= count:
-        return list(range(count))
-    if rows == 1:
-        return [0]
-    return [round(index * (count - 1) / (rows - 1)) for index in range(rows)]
 
 
 @contextmanager
