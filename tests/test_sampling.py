@@ -66,3 +66,16 @@ def test_batch_size_option_sets_the_fixed_batch(thousand_rows: pytest.Pytester) 
             assert train_batch["input_ids"].shape[0] == 3
     """)
     thousand_rows.runpytest("test_batch.py", "--trainer-batch-size=3").assert_outcomes(passed=1)
+
+
+def test_the_sample_spreads_over_the_split_so_its_last_rows_are_read(thousand_rows: pytest.Pytester) -> None:
+    # A file sorted by class: only its last row has class 7, which the first 256 rows would never show.
+    rows = (thousand_rows.path / "rows.jsonl").read_text().splitlines()
+    rows[999] = json.dumps({"text": "the cat", "label": 7})
+    (thousand_rows.path / "rows.jsonl").write_text("\n".join(rows))
+    result = run_script(thousand_rows, "--trainer-stages=dataset", "--trainer-report=report.json")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*labels range 0..7 (8 classes) but the model has 3 outputs*"])
+    notes = [note for item in json.loads((thousand_rows.path / "report.json").read_text())["items"]
+             for note in item["notes"]]
+    assert any("256 of 1000 rows, evenly spaced" in note for note in notes), notes
