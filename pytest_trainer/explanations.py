@@ -183,7 +183,10 @@ def _target_out_of_bounds(match: re.Match[str], error: BaseException, facts: Fac
 
 
 @_row(PIPELINE, "token id beyond the embedding, or a sequence beyond the positions",
-      "IndexError: index out of range in self", r"index out of range in self", "forward")
+      "IndexError: index out of range in self; BERT-style models in transformers 5: RuntimeError: The expanded size "
+      "of the tensor (14) must match the existing size (6) at non-singleton dimension 1",
+      r"index out of range in self|The expanded size of the tensor \(\d+\) must match the existing size \(\d+\)",
+      "forward")
 def _index_out_of_range(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
     return facts.token_problem()
 
@@ -291,7 +294,8 @@ def _labels_do_not_fit(match: re.Match[str], error: BaseException, facts: Facts)
 def _no_loss(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
     takes = _forward_takes(facts)
     model = _model_name(facts)
-    if takes is not None and "labels" not in takes:
+    received = re.search(r"inputs it received are ([\w,]+)", str(error))
+    if "labels" in (received.group(1).split(",") if received else []) or (takes is not None and "labels" not in takes):
         return Explained(
             f"{model} computes no loss: its forward takes no labels (it is a base model without a task head)",
             f"train a model with a head for the task (e.g. AutoModelForSequenceClassification rather than "
