@@ -160,7 +160,7 @@ def missing_input(split: str, model_input: str, columns: Sequence[str]) -> Pipel
     )
 
 
-def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailure:
+def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailure | None:
     shown = ", ".join(str(length) for length in lengths[:8])
     tokenizer = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
     if tokenizer is not None and getattr(tokenizer, "pad_token", "") is None:
@@ -181,7 +181,7 @@ def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailu
     )
 
 
-def _labels_not_padded(trainer: Any, column: str, shown: str) -> PipelineFailure:
+def _labels_not_padded(trainer: Any, column: str, shown: str) -> PipelineFailure | None:
     """DataCollatorWithPadding pads what the tokenizer makes, never labels: a collator that pads them is the fix."""
     names = [*(getattr(trainer, "label_names", None) or ["labels"]), "label"]
     rows = max(2, int(getattr(trainer.args, "train_batch_size", 2)))
@@ -206,6 +206,9 @@ def _labels_not_padded(trainer: Any, column: str, shown: str) -> PipelineFailure
             "DataCollatorWithPadding pads the tokenizer's inputs but not labels, so a batch of labels cannot be made",
             f"use data_collator={collator}, which pads the labels with -100 beside the inputs",
         )
+    tokenizer = getattr(trainer.data_collator, "tokenizer", None)
+    if column in (getattr(tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"]):
+        return None  # the collator pads it: unequal lengths are not what failed
     return PipelineFailure(
         f"samples of different lengths ({column} lengths of the first rows: {shown}) reach DataCollatorWithPadding, "
         f"which pads only what the tokenizer makes, and {column!r} is not one of them",

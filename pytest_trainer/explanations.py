@@ -406,7 +406,8 @@ def _dropped_column_read(match: re.Match[str], error: BaseException, facts: Fact
 
 
 @_row(PIPELINE, "no column the forward takes", "ValueError: No columns in the dataset match the model's forward "
-      "method signature", r"No columns in the dataset match the model's forward", "collate")
+      "method signature; with a tokenizer: You should supply an encoding ... that includes input_ids, but you provided "
+      "['label']", r"No columns in the dataset match the model's forward|includes input_ids, but you provided", "collate")
 def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
     removed = _removed(facts)
     text = [name for name in removed if all(isinstance(value, str) for value in _stored_values(facts, name) or [0])]
@@ -573,13 +574,13 @@ def _mlm_without_mask(match: re.Match[str], error: BaseException) -> Explained:
 
 @_row(SCRIPT, "load_best_model_at_end with save and eval at different times",
       "ValueError: --load_best_model_at_end requires the save and eval strategy to match",
-      r"load_best_model_at_end requires the save and eval strategy to match.*Evaluation strategy: "
+      r"(?s)load_best_model_at_end requires the save and eval strategy to match.*Evaluation strategy: "
       r"(?:\w+\.)?(\w+).*Save strategy: (?:\w+\.)?(\w+)", "dataset")
 def _best_model_strategies(match: re.Match[str], error: BaseException) -> Explained:
     evaluate, save = match.group(1).lower(), match.group(2).lower()
     return Explained(
-        f"load_best_model_at_end keeps the checkpoint of the best evaluation, but the script evaluates every {evaluate}"
-        f" and saves every {save}, so the best evaluation may have no checkpoint",
+        f"load_best_model_at_end keeps the checkpoint of the best evaluation, but the script evaluates by {evaluate!r}"
+        f" and saves by {save!r}, so the best evaluation may have no checkpoint",
         f"save when you evaluate: save_strategy={evaluate!r} (with save_steps equal to eval_steps for 'steps'), or "
         "drop load_best_model_at_end",
     )

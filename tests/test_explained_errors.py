@@ -149,3 +149,143 @@ def test_errors_in_the_forward_are_shown_with_their_cause(project: pytest.Pytest
     for line in FIXES.values():
         result.stdout.fnmatch_lines([line])
     assert "not yet explained by pytest-trainer" not in output, output[-6000:]
+
+
+TOKEN_LABELS = """
+    import tiny
+    from transformers import BertForTokenClassification, DataCollatorWithPadding, Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+
+
+    def tag(batch):
+        encoded = tok(batch["text"], truncation=True)
+        encoded["labels"] = [[-100 if word is None else (i + word) % 4 for word in encoded.word_ids(i)]
+                             for i in range(len(batch["text"]))]
+        return encoded
+
+
+    data = tiny.text_dataset().map(tag, batched=True, remove_columns=["text", "label"])
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+    trainer = Trainer(model=BertForTokenClassification(tiny.config(num_labels=4)), args=args, train_dataset=data,
+                      processing_class=tok, data_collator=DataCollatorWithPadding(tok))
+    trainer.train()
+"""
+
+ON_THE_FLY = """
+    import tiny
+    from transformers import Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+    raw = tiny.text_dataset()
+    raw.set_transform(lambda batch: {**tok(batch["text"], truncation=True), "labels": batch["label"]})
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=raw, processing_class=tok)
+    trainer.train()
+"""
+
+#: Scripts whose error surfaces while the data is read or collated.
+DATA = {
+    "token_labels.py": (TOKEN_LABELS,
+                        "collate[[]cpu[]] failed: the 'labels' of the first rows have different lengths (*): "
+                        "DataCollatorWithPadding pads the tokenizer's inputs but not labels*"),
+    "string_labels.py": (classifier(labels='[["bird", "cat", "dog"][i % 3] for i in range(48)]'),
+                         "collate[[]cpu[]] failed: the 'label' column holds strings ('bird', 'cat', 'dog', ...)*"),
+    "on_the_fly.py": (ON_THE_FLY,
+                      "collate[[]cpu[]] failed: the Trainer dropped the column 'text' before your transform or "
+                      "collator reads it (remove_unused_columns: BertForSequenceClassification.forward takes no*"),
+    "raw_text.py": (classifier(after="").replace("tiny.tokenized(raw, tok)", "raw"),
+                    "collate[[]cpu[]] failed: the training dataset has text columns 'text' but no 'input_ids'*"),
+}
+
+
+def test_errors_of_the_data_are_shown_with_their_cause(project: pytest.Pytester) -> None:
+    result = run_group(project, DATA, "collate")
+    output = result.stdout.str()
+    for name, (_, line) in DATA.items():
+        assert failures(result, name) == ["collate[cpu]"], (name, output[-6000:])
+        result.stdout.fnmatch_lines([line])
+    result.stdout.fnmatch_lines([
+        "*fix: use data_collator=DataCollatorForTokenClassification(tokenizer), which pads the labels with -100*",
+        "*fix: map the names to ids before training: dataset = dataset.class_encode_column('label')*",
+        "*fix: set remove_unused_columns=False in TrainingArguments*",
+    ])
+    # A wrong fix is worse than none: the fix never offers the collator the script already uses.
+    assert "fix: use data_collator=DataCollatorWithPadding" not in output
+    assert "not yet explained by pytest-trainer" not in output, output[-6000:]
+
+
+GRPO = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    data = Dataset.from_dict({"prompt": tiny.sentences(16, seed=5)})
+    args = GRPOConfig(output_dir="out", per_device_train_batch_size=6, num_generations=8, bf16=False, report_to=[])
+    trainer = GRPOTrainer(model=lm.model(), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          args=args, train_dataset=data, processing_class=lm.tokenizer())
+    trainer.train()
+"""
+
+SAME_REFERENCE = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    prompts = tiny.sentences(16, seed=3, shortest=2, longest=6)
+    data = Dataset.from_dict({"prompt": prompts, "chosen": prompts, "rejected": prompts})
+    model = lm.model()
+    args = DPOConfig(output_dir="out", bf16=False, per_device_train_batch_size=4, max_length=32, report_to=[])
+    trainer = DPOTrainer(model, ref_model=model, args=args, train_dataset=data, processing_class=lm.tokenizer())
+    trainer.train()
+"""
+
+CAUSAL_LM = """
+    import lm
+    import tiny
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    tok = lm.tokenizer()
+    data = tiny.text_dataset().map(lambda batch: tok(batch["text"]), batched=True, remove_columns=["text", "label"])
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none"{args})
+    trainer = Trainer(model=lm.model(), args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
+                      data_collator=DataCollatorForLanguageModeling(tok{mlm}))
+    trainer.train()
+"""
+
+#: Scripts that fail while they build their Trainer: the failure is shown on the first item, dataset.
+SCRIPT = {
+    "grpo.py": (GRPO, "dataset[[]cpu[]] failed: grpo.py: GRPO samples num_generations=8 completions of each prompt "
+                      "and scores them as a group*but it holds 6 completions*"),
+    "same_reference.py": (SAME_REFERENCE, "dataset[[]cpu[]] failed: same_reference.py: the same model object is passed "
+                                          "as the policy and as ref_model*"),
+    "mlm.py": (CAUSAL_LM.format(args="", mlm=""),
+               "dataset[[]cpu[]] failed: mlm.py: DataCollatorForLanguageModeling masks tokens by default (mlm=True*"),
+    "best_strategy.py": (CAUSAL_LM.format(args=', load_best_model_at_end=True, eval_strategy="steps", '
+                                               'save_strategy="epoch"', mlm=", mlm=False"),
+                         "dataset[[]cpu[]] failed: best_strategy.py: load_best_model_at_end keeps the checkpoint of "
+                         "the best evaluation, but the script evaluates by 'steps' and saves by 'epoch'*"),
+    "best_steps.py": (CAUSAL_LM.format(args=', load_best_model_at_end=True, eval_strategy="steps", '
+                                            'save_strategy="steps", eval_steps=30, save_steps=50', mlm=", mlm=False"),
+                      "dataset[[]cpu[]] failed: best_steps.py: load_best_model_at_end keeps the checkpoint of the best "
+                      "evaluation, but checkpoints every 50 steps miss most evaluations every 30 steps"),
+}
+
+
+def test_errors_while_the_script_builds_its_trainer_are_shown_with_their_cause(project: pytest.Pytester) -> None:
+    project.makepyfile(lm=LM)
+    result = run_group(project, SCRIPT, "dataset")
+    output = result.stdout.str()
+    for name, (_, line) in SCRIPT.items():
+        assert failures(result, name) == ["dataset[cpu]"], (name, output[-6000:])
+        result.stdout.fnmatch_lines([line])
+    result.stdout.fnmatch_lines([
+        "*fix: make the generation batch a multiple of 8 (e.g. per_device_train_batch_size=8 or "
+        "generation_batch_size=8), or set num_generations to a divisor of 6 (2, 3, 6)",
+        "*fix: pass ref_model=copy.deepcopy(model)*",
+        "*fix: for a causal LM pass DataCollatorForLanguageModeling(tokenizer, mlm=False)*",
+        "*fix: save when you evaluate: save_strategy='steps'*",
+        "*fix: make save_steps a multiple of eval_steps: save_steps=60 (or eval_steps=50)*",
+    ])
