@@ -202,8 +202,8 @@ def _multi_label_integers(match: re.Match[str], error: BaseException, facts: Fac
     return Explained(
         "multi-label classification (problem_type='multi_label_classification') needs float multi-hot labels, one "
         f"row of {width} zeros and ones per example, but the labels are integer rows, not floats",
-        f"make the label rows floats (e.g. [1.0, 0.0, 1.0]): dataset.cast_column('labels', "
-        f"Sequence(Value('float32'))), or map each row with [float(x) for x in row]",
+        "make the label rows floats (e.g. [1.0, 0.0, 1.0]): dataset.cast_column('labels', "
+        "Sequence(Value('float32'))), or map each row with [float(x) for x in row]",
         (str(error).splitlines()[0],),
     )
 
@@ -407,7 +407,8 @@ def _dropped_column_read(match: re.Match[str], error: BaseException, facts: Fact
 
 @_row(PIPELINE, "no column the forward takes", "ValueError: No columns in the dataset match the model's forward "
       "method signature; with a tokenizer: You should supply an encoding ... that includes input_ids, but you provided "
-      "['label']", r"No columns in the dataset match the model's forward|includes input_ids, but you provided", "collate")
+      "['label']", r"No columns in the dataset match the model's forward|includes input_ids, but you provided",
+      "collate")
 def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
     removed = _removed(facts)
     text = [name for name in removed if all(isinstance(value, str) for value in _stored_values(facts, name) or [0])]
