@@ -214,9 +214,20 @@ def _multi_label_integers(match: re.Match[str], error: BaseException, facts: Fac
       "forward")
 def _float_labels_taken_for_rows(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
     labels = _batch(facts).get("labels")
-    if labels is None or not getattr(labels, "is_floating_point", lambda: False)() or labels.dim() != 1:
+    if labels is None or getattr(labels, "dim", lambda: 0)() != 1:
         return None
     classes = match.group(2)
+    if not labels.is_floating_point():
+        if getattr(_config(facts), "problem_type", None) != "multi_label_classification":
+            return None
+        return Explained(
+            "multi-label classification (problem_type='multi_label_classification') needs float multi-hot labels, one "
+            f"row of {classes} zeros and ones per example, but the labels are one value per example, not a row per "
+            "example",
+            f"give each example a float row of width {classes} (e.g. [1.0, 0.0, 1.0]); for one class per example "
+            "drop problem_type='multi_label_classification'",
+            (str(error).splitlines()[0],),
+        )
     shown = ", ".join(f"{float(value):g}" for value in labels[:4].tolist())
     return Explained(
         f"the labels are floats, one per example ({shown}, ...): for a {classes}-class head transformers then takes "
