@@ -7,7 +7,6 @@ using what the pipeline knows about its data and model.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -25,6 +24,8 @@ class PipelineFailure(Exception):
 
     #: Whether the stages that need this one lose their meaning (no batch, no loss, no gradients).
     blocks = True
+    #: Whether this is the library's own error with nothing of pytest-trainer's to explain it (counted in the report).
+    unexplained = False
 
     def __init__(self, cause: str, fix: str, details: Sequence[str] = ()) -> None:
         self.cause, self.fix, self.details = cause, fix, tuple(details)
@@ -80,10 +81,12 @@ def owned_by_pipeline(error: BaseException) -> bool:
 def raised_by(error: BaseException, part: str) -> PipelineFailure:
     """A library error nothing else explains, with the part of the pipeline that raised it first."""
     message = str(error).strip().splitlines()
-    return PipelineFailure(
+    failure = PipelineFailure(
         f"{part} raised {type(error).__name__}: {message[0] if message else '(no message)'}",
         f"fix {part} for this batch: the original error and its traceback are below",
     )
+    failure.unexplained = True
+    return failure
 
 
 def labels_beyond_head(
@@ -157,7 +160,7 @@ def missing_input(split: str, model_input: str, columns: Sequence[str]) -> Pipel
     )
 
 
-def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailure:
+def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailure | None:
     shown = ", ".join(str(length) for length in lengths[:8])
     tokenizer = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
     if tokenizer is not None and getattr(tokenizer, "pad_token", "") is None:
@@ -167,12 +170,49 @@ def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailu
             "give it one before building the Trainer: tokenizer.pad_token = tokenizer.eos_token "
             "(or tokenizer.add_special_tokens({'pad_token': '[PAD]'}) and model.resize_token_embeddings)",
         )
+    if type(getattr(trainer, "data_collator", None)).__name__ == "DataCollatorWithPadding":
+        return _labels_not_padded(trainer, column, shown)
     return PipelineFailure(
         f"samples of different lengths ({column} lengths of the first rows: {shown}) reach a collator that "
         "does not pad them "
         f"({_collator_name(trainer)})",
         "pass the tokenizer to the Trainer (processing_class=tokenizer; tokenizer=tokenizer before "
         "transformers 4.46) or data_collator=DataCollatorWithPadding(tokenizer), or pad when tokenizing",
+    )
+
+
+def _labels_not_padded(trainer: Any, column: str, shown: str) -> PipelineFailure | None:
+    """DataCollatorWithPadding pads what the tokenizer makes, never labels: a collator that pads them is the fix."""
+    names = [*(getattr(trainer, "label_names", None) or ["labels"]), "label"]
+    rows = max(2, int(getattr(trainer.args, "train_batch_size", 2)))
+    lengths: list[int] = []
+    label = ""
+    for name in names:
+        try:
+            values = trainer.train_dataset[:rows][name]
+        except Exception:
+            continue
+        if values and all(isinstance(value, list) for value in values):
+            label, lengths = name, [len(value) for value in values]
+            break
+    if label and len(set(lengths)) > 1:
+        model = getattr(trainer, "model", None)
+        seq2seq = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+        token_level = type(model).__name__.endswith("ForTokenClassification")
+        collator = ("DataCollatorForTokenClassification(tokenizer)" if token_level and not seq2seq
+                    else "DataCollatorForSeq2Seq(tokenizer, model=model)")
+        return PipelineFailure(
+            f"the {label!r} of the first rows have different lengths ({', '.join(map(str, lengths[:8]))}): "
+            "DataCollatorWithPadding pads the tokenizer's inputs but not labels, so a batch of labels cannot be made",
+            f"use data_collator={collator}, which pads the labels with -100 beside the inputs",
+        )
+    tokenizer = getattr(trainer.data_collator, "tokenizer", None)
+    if column in (getattr(tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"]):
+        return None  # the collator pads it: unequal lengths are not what failed
+    return PipelineFailure(
+        f"samples of different lengths ({column} lengths of the first rows: {shown}) reach DataCollatorWithPadding, "
+        f"which pads only what the tokenizer makes, and {column!r} is not one of them",
+        f"pad {column!r} when preprocessing, or give the Trainer a data_collator of your own that pads it",
     )
 
 
@@ -184,52 +224,18 @@ def _collator_name(trainer: Any) -> str:
     return name
 
 
-_TARGET_OUT_OF_BOUNDS = re.compile(r"Target (-?\d+) is out of bounds")
-
-
 def explain(error: BaseException, facts: Any) -> PipelineFailure | None:
-    """A PipelineFailure for a library exception, when the cause can be told; else None.
+    """A PipelineFailure for a library exception, when the table of known errors tells its cause; else None.
 
-    `facts` is the pipeline: it answers for the labels, token ids and lengths of its batches.
+    `facts` is the pipeline: it answers for the labels, token ids, columns and batches the rows read.
     """
-    message = str(error)
+    from pytest_trainer import explanations
+
     if isinstance(error, PipelineFailure):
         return error
-    if _TARGET_OUT_OF_BOUNDS.search(message) or "device-side assert" in message:
-        found = facts.label_problem()
-        if found is not None:
-            return found
-    if "index out of range in self" in message:
-        found = facts.token_problem()
-        if found is not None:
-            return found
-    config = getattr(getattr(facts, "model", None), "config", None)
-    multi_label = getattr(config, "problem_type", None) == "multi_label_classification"
-    cast = "can't be cast to the desired output type" in message and "Float" in message
-    if multi_label and (cast or "must be the same as input size" in message):
-        width = getattr(config, "num_labels", None)
-        seen = "integer rows, not floats" if cast else "one value per example, not a row per example"
-        return PipelineFailure(
-            "multi-label classification (problem_type='multi_label_classification') needs float multi-hot "
-            f"labels, one row of {width} zeros and ones per example, but the labels are {seen}",
-            f"give each example a float row of width {width} (e.g. [1.0, 0.0, 1.0]); for one class per example "
-            "drop problem_type='multi_label_classification'",
-            [message.splitlines()[0]],
-        )
-    if "must be the same as input size" in message or ("Found dtype" in message and "expected" in message):
-        config = getattr(getattr(facts, "model", None), "config", None)
-        problem = getattr(config, "problem_type", None)
-        width = getattr(config, "num_labels", None)
-        return PipelineFailure(
-            f"the labels do not fit the model's loss for problem_type={problem!r} with num_labels={width}: {message}",
-            "single-label classification takes integer class ids; multi-label classification takes float "
-            f"multi-hot rows of width {width}; regression takes floats with num_labels=1",
-        )
-    if "did not return a loss" in message:
-        return PipelineFailure(
-            "the model returned no loss: the batch has no labels",
-            "keep the target column in the dataset as 'labels' (or 'label'), or for language modelling use "
-            "DataCollatorForLanguageModeling, which makes labels from input_ids",
-            [message],
-        )
+    found = explanations.explain_pipeline(error, facts)
+    if found is None or isinstance(found, PipelineFailure):
+        return found
+    if isinstance(found, explanations.Explained):
+        return PipelineFailure(found.cause, found.fix, found.details)
     return None

@@ -232,7 +232,7 @@ def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[s
     facts: dict[str, Any] = {"script": _pipeline_key(item), "stage": step.stage, "device": step.device}
     error = call.excinfo.value if call.excinfo is not None else None
     if isinstance(error, (PipelineFailure, ScriptError, InternalError)):
-        facts.update(diagnosis=error.cause, fix=error.fix)
+        facts.update(diagnosis=error.cause, fix=error.fix, unexplained=bool(getattr(error, "unexplained", False)))
     stage = getattr(item, "funcargs", {}).get("trainer_stage")
     result = getattr(stage, "result", None)
     if result is not None:

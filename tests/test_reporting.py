@@ -96,3 +96,28 @@ def test_baseline_runs_only_when_asked(project: pytest.Pytester) -> None:
     result = project.runpytest("--trainer-module=train.py", "--collect-only", "-q")
     assert not any("::baseline[" in line for line in result.outlines)
     assert any("::overfit[cpu]" in line for line in result.outlines)
+
+
+BROKEN_COLLATOR = GOOD_SCRIPT.replace(
+    "processing_class=tok)",
+    "processing_class=tok,\n                  data_collator=lambda rows: (_ for _ in ()).throw(RuntimeError('my collator is broken')))",
+)
+
+
+def test_failures_nobody_explained_yet_are_counted(project: pytest.Pytester) -> None:
+    write(project, "train.py", BROKEN_COLLATOR)
+    write(project, "labels.py", GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
+    result = project.runpytest("--trainer-module=train.py", "--trainer-module=labels.py", "--trainer-devices=cpu",
+                               "--trainer-stages=collate,forward", "--trainer-report=out/report.json")
+    result.stdout.fnmatch_lines([
+        "*pytest-trainer: train.py*",
+        "FAILED collate[[]cpu[]]: the training dataloader (its dataset and data_collator) raised RuntimeError: my "
+        "collator is broken",
+        "1 failure shown with the library's own error only (not yet explained by pytest-trainer): collate[[]cpu[]]",
+    ])
+    report = json.loads((project.path / "out/report.json").read_text())
+    assert report["unexplained"] == {"count": 1, "items": ["train.py::collate[cpu]"]}
+    items = {(item["script"], item["stage"]): item for item in report["items"]}
+    assert items[("train.py", "collate")]["unexplained"] is True
+    assert items[("labels.py", "forward")]["outcome"] == "failed"
+    assert items[("labels.py", "forward")]["unexplained"] is False  # explained: labels beyond the head
