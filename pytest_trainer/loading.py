@@ -44,6 +44,9 @@ MESSAGE_LINES = 4
 class ScriptError(Exception):
     """The script gave no Trainer; says why, where, and what to do."""
 
+    #: Shown with the library's own message only: no row of the table of explained errors matched.
+    unexplained = False
+
     def __init__(self, script: Path, cause: str, fix: str, where: str | None = None) -> None:
         self.script, self.cause, self.fix, self.where = script, cause, fix, where
         super().__init__(self.render())
@@ -235,7 +238,9 @@ def _raised(script: Path, error: Exception) -> ScriptError:
     else:
         fix = (f"the message comes from {library}, called by the script's line above while it built its objects: "
                "change what that line passes, as the message says")
-    return ScriptError(script, f"{type(error).__name__}: {message}", fix, where)
+    found = ScriptError(script, f"{type(error).__name__}: {message}", fix, where)
+    found.unexplained = True  # counted in the report, so that the table of explained errors can grow
+    return found
 
 
 def _library_of(error: BaseException) -> str | None:

@@ -255,21 +255,21 @@ CAUSAL_LM = """
     trainer.train()
 """
 
-#: Scripts that fail while they build their Trainer: the failure is shown on the first item, dataset.
+#: Scripts that fail while they build their Trainer: the failure is shown on the script's load item.
 SCRIPT = {
-    "grpo.py": (GRPO, "dataset[[]cpu[]] failed: grpo.py: GRPO samples num_generations=8 completions of each prompt "
+    "grpo.py": (GRPO, "load[[]cpu[]] failed: grpo.py: GRPO samples num_generations=8 completions of each prompt "
                       "and scores them as a group*but it holds 6 completions*"),
-    "same_reference.py": (SAME_REFERENCE, "dataset[[]cpu[]] failed: same_reference.py: the same model object is passed "
+    "same_reference.py": (SAME_REFERENCE, "load[[]cpu[]] failed: same_reference.py: the same model object is passed "
                                           "as the policy and as ref_model*"),
     "mlm.py": (CAUSAL_LM.format(args="", mlm=""),
-               "dataset[[]cpu[]] failed: mlm.py: DataCollatorForLanguageModeling masks tokens by default (mlm=True*"),
+               "load[[]cpu[]] failed: mlm.py: DataCollatorForLanguageModeling masks tokens by default (mlm=True*"),
     "best_strategy.py": (CAUSAL_LM.format(args=', load_best_model_at_end=True, eval_strategy="steps", '
                                                'save_strategy="epoch"', mlm=", mlm=False"),
-                         "dataset[[]cpu[]] failed: best_strategy.py: load_best_model_at_end keeps the checkpoint of "
+                         "load[[]cpu[]] failed: best_strategy.py: load_best_model_at_end keeps the checkpoint of "
                          "the best evaluation, but the script evaluates by 'steps' and saves by 'epoch'*"),
     "best_steps.py": (CAUSAL_LM.format(args=', load_best_model_at_end=True, eval_strategy="steps", '
                                             'save_strategy="steps", eval_steps=30, save_steps=50', mlm=", mlm=False"),
-                      "dataset[[]cpu[]] failed: best_steps.py: load_best_model_at_end keeps the checkpoint of the best "
+                      "load[[]cpu[]] failed: best_steps.py: load_best_model_at_end keeps the checkpoint of the best "
                       "evaluation, but checkpoints every 50 steps miss most evaluations every 30 steps"),
 }
 
@@ -279,7 +279,7 @@ def test_errors_while_the_script_builds_its_trainer_are_shown_with_their_cause(p
     result = run_group(project, SCRIPT, "dataset")
     output = result.stdout.str()
     for name, (_, line) in SCRIPT.items():
-        assert failures(result, name) == ["dataset[cpu]"], (name, output[-6000:])
+        assert failures(result, name) == ["load[cpu]"], (name, output[-6000:])
         result.stdout.fnmatch_lines([line])
     result.stdout.fnmatch_lines([
         "*fix: make the generation batch a multiple of 8 (e.g. per_device_train_batch_size=8 or "
