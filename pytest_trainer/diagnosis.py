@@ -7,7 +7,7 @@ using what the pipeline knows about its data and model.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,6 +44,27 @@ class Finding(PipelineFailure):
     """
 
     blocks = False
+
+
+def together(findings: Sequence[Finding]) -> Finding:
+    """One failure for several findings of a stage: the first cause and fix first, the others below it."""
+    first, *others = findings
+    details = [*first.details]
+    for other in others:
+        details += [f"also: {other.cause}", f"  fix: {other.fix}", *(f"  {line}" for line in other.details)]
+    return Finding(first.cause, first.fix, details)
+
+
+def findings_last(checks: Iterable[Callable[[], object]]) -> None:
+    """Run every check: a failure that breaks training is raised at once, findings together after the last."""
+    found: list[Finding] = []
+    for check in checks:
+        try:
+            check()
+        except Finding as finding:
+            found.append(finding)
+    if found:
+        raise together(found)
 
 
 class InternalError(Exception):
@@ -142,8 +163,8 @@ def no_matching_columns(split: str, columns: Sequence[str], taken: Sequence[str]
     )
 
 
-def pad_in_targets(pad: int, count: int, where: str) -> PipelineFailure:
-    return PipelineFailure(
+def pad_in_targets(pad: int, count: int, where: str) -> Finding:
+    return Finding(
         f"the labels hold the pad id {pad} ({where} and {count} positions in all) instead of -100: the loss "
         "trains the model to write padding after every target",
         "set padded label positions to -100: tokenize targets without padding='max_length' and let "

@@ -56,7 +56,7 @@ def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
     if outside.size:
         row = int(outside[0])
         named = split.row(row)
-        raise diagnosis.PipelineFailure(
+        raise diagnosis.Finding(
             f"row {named} of the {split.description} dataset has an answer span {int(starts[row])}..{int(ends[row])} "
             f"outside its {int(lengths[row])} tokens ({outside.size} rows in all): the loss ignores such positions, "
             "so those answers are never learned",
@@ -66,7 +66,7 @@ def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
     if reversed_span.size:
         row = int(reversed_span[0])
         named = split.row(row)
-        raise diagnosis.PipelineFailure(
+        raise diagnosis.Finding(
             f"row {named} of the {split.description} dataset has an answer that ends ({int(ends[row])}) before it "
             f"starts ({int(starts[row])}) ({reversed_span.size} rows in all)",
             "check how start_positions and end_positions are computed from the character offsets",
@@ -151,7 +151,7 @@ def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
         index = int(wrong[0])
         token = tokenizer.convert_ids_to_tokens(int(ids[index]))
         named = split.row(row_of(index))
-        raise diagnosis.PipelineFailure(
+        raise diagnosis.Finding(
             f"positions of {token} carry label {labels[index]} (row {named} of the {description} dataset, "
             f"{wrong.size} special-token positions in all)",
             f"set the labels of special tokens to -100 so the loss ignores them (word_ids() is None for {token})",

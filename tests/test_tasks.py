@@ -292,7 +292,11 @@ def test_seq2seq_pad_ids_left_in_the_labels_fail_dataset(project: pytest.Pyteste
     assert script != SEQ2SEQ
     write(project, "train.py", script)
     result = run_script(project)
-    assert failures(result) == ["dataset[cpu]"]
+    # The model still trains on them (a finding, which blocks nothing): the same split is the eval split, and the
+    # collator passes the padded labels on, so each of those items names it too; every other item runs and passes.
+    assert failures(result) == ["dataset[cpu]", "collate[cpu]", "eval[cpu]"]
+    skipped = {item for item, outcome in outcomes(result).items() if outcome == "SKIPPED"}
+    assert skipped <= {"targets[cpu]", "labels[cpu]"}, skipped  # not applicable to seq2seq: nothing blocked
     result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*pad*", "*-100*"])
 
 
@@ -520,7 +524,8 @@ def test_question_answering_span_past_the_sequence_fails_dataset(project: pytest
     # Character offsets taken for token positions: the span lies beyond the tokens, and the loss ignores it.
     write(project, "train.py", QA.format(edit="ends[7] = starts[7] = 90"))
     result = run_script(project)
-    assert failures(result) == ["dataset[cpu]"]
+    assert failures(result) == ["dataset[cpu]", "eval[cpu]"]  # a finding: the later stages still run
+    assert outcomes(result)["overfit[cpu]"] == "PASSED"
     result.stdout.fnmatch_lines([
         "dataset[[]cpu[]] failed: row 7 of the training dataset has an answer span 90..90 outside its * tokens*",
         "*fix: compute start_positions and end_positions on the tokenized sequence*",

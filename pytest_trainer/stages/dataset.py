@@ -7,6 +7,7 @@ is checked on rows spread over it. Each check names the first bad row by its ind
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,9 +29,8 @@ IGNORE_INDEX = -100
 def run(pipeline: Pipeline, device: str) -> StageResult:
     """Check the training split; the evaluation splits get the same checks at the `eval` stage."""
     split = pipeline.training
-    table = check_split(pipeline, split)
-    check_labels_present(pipeline, table)
-    check_labels_vary(pipeline, split)
+    table = check_split(pipeline, split, lambda: check_labels_present(pipeline, split.table),
+                        lambda: check_labels_vary(pipeline, split))
     result = StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
     result.notes.append(f"task: {pipeline.task.name}")
     if split.transformed:
@@ -43,16 +43,22 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     return result
 
 
-def check_split(pipeline: Pipeline, split: FedSplit) -> pa.Table:
-    """Every check that holds for any split; returns the split as fed, as an Arrow table."""
+def check_split(pipeline: Pipeline, split: FedSplit, *also: Callable[[], None]) -> pa.Table:
+    """Every check that holds for any split, and `also`; returns the split as fed, as an Arrow table.
+
+    A problem that breaks training is raised first; the findings that leave it running (a supervision mistake)
+    are reported together once every check ran.
+    """
     table = fed_table(pipeline, split)
-    check_inputs(pipeline, split, table)
-    check_finite(split.description, table, split.row)
-    check_finite(split.description, split.whole)
-    check_labels(pipeline, split)
-    check_tokens(pipeline, split)
-    for check in task_checks.FOR_TASK.get(pipeline.task.labels, ()):
-        check(pipeline, split)
+    diagnosis.findings_last([
+        lambda: check_inputs(pipeline, split, table),
+        lambda: check_finite(split.description, table, split.row),
+        lambda: check_finite(split.description, split.whole),
+        lambda: check_labels(pipeline, split),
+        lambda: check_tokens(pipeline, split),
+        *(functools.partial(check, pipeline, split) for check in task_checks.FOR_TASK.get(pipeline.task.labels, ())),
+        *also,
+    ])
     return table
 
 
@@ -230,7 +236,7 @@ def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
     values, _ = tables.flatten(split.column(column)[0], column)
     used = np.unique(values[values != IGNORE_INDEX])
     if used.size == 1:
-        raise diagnosis.PipelineFailure(
+        raise diagnosis.Finding(
             f"every label of the training dataset is {used[0]}: the model can only learn to predict that class",
             "check the label column and any filtering, sorting or slicing that kept a single class",
         )
