@@ -53,13 +53,21 @@ def compare(trainer: Any, model: Any, batch: dict[str, Any]) -> Comparison | Non
     rows = rows_of(batch)
     if steps <= 1 or rows is None or rows < 2:
         return None
+    on = next((parameter.device for parameter in model.parameters()), None)
+    if on is None or on.type != torch.device(trainer.args.device).type:
+        return None  # training_step moves the inputs to the Trainer's device: only the item on it can compare
     micro = min(steps, rows)
     parts = [dict(zip(batch, values, strict=True))
              for values in zip(*(torch.tensor_split(value, micro) for value in batch.values()), strict=True)]
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     with _kept_gradients(trainable), _without_dropout(model), _accumulating(trainer), torch.random.fork_rng(devices=[]):
         whole_loss, whole = _accumulated(trainer, model, trainable, [batch])
-        split_loss, split = _accumulated(trainer, model, trainable, parts)
+        try:
+            split_loss, split = _accumulated(trainer, model, trainable, parts)
+        except Exception as error:  # a model that cannot take fewer rows tells nothing about accumulation
+            if diagnosis.part_of(error) is None:
+                raise
+            return None
     if whole is None or split is None:
         return None
     reference = float(whole.dot(whole))
