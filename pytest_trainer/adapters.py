@@ -76,3 +76,109 @@ def _pretrained_vocabulary(model: Any) -> int | None:
         return int(AutoConfig.from_pretrained(source, local_files_only=True).vocab_size)
     except Exception:  # not on this machine, or no vocabulary: fall back to the tokenizer's own
         return None
+
+
+#: PEFT's task_type for each kind of label whose head PEFT then trains and saves (its modules_to_save).
+PEFT_TASK_TYPES = {"class": "SEQ_CLS", "float": "SEQ_CLS", "multi-hot": "SEQ_CLS", "token class": "TOKEN_CLS",
+                   "positions": "QUESTION_ANS"}
+#: Module names PEFT wraps itself under those task types (peft's PeftModelForSequenceClassification and kin).
+PEFT_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
+              "QUESTION_ANS": ("qa_outputs",)}
+#: Infixes PEFT puts into a wrapped module's parameter names; the checkpoint names the module without them.
+_PEFT_INFIXES = (".base_layer", ".original_module")
+
+
+def frozen_new_heads(model: Any) -> tuple[list[str], str] | None:
+    """Heads of the model (modules beside its backbone) that are newly initialised and entirely frozen.
+
+    Newly initialised: the model was built from a config, or none of the head's weights is in the checkpoint it
+    was loaded from (read from the checkpoint's file names on this machine; a checkpoint not found here tells
+    nothing, and nothing is named). Returns (head names, why they are new) or None. A language model's output
+    layer is the pretrained embedding's twin, not a new head.
+    """
+    from pytest_trainer.model_facts import base_model
+
+    base = base_model(model)
+    backbone = getattr(base, str(getattr(base, "base_model_prefix", "") or "-"), None)
+    config = getattr(base, "config", None)
+    if backbone is None or config is None or not hasattr(base, "named_children"):
+        return None
+    output = _output_embeddings(base)
+    heads = [(name, child) for name, child in base.named_children()
+             if child is not backbone and list(child.parameters())
+             and not (output is not None and any(module is output for module in child.modules()))]
+    frozen = [(name, child) for name, child in heads if not any(p.requires_grad for p in child.parameters())]
+    if not frozen:
+        return None
+    source = str(getattr(config, "_name_or_path", "") or "")
+    if not source:
+        return [name for name, _ in frozen], "the model was built from a config, so its weights are random"
+    keys = checkpoint_keys(source)
+    if keys is None:
+        return None
+    new = [name for name, child in frozen if not any(_in_checkpoint(f"{name}.{inner}", keys)
+                                                     for inner, _ in child.named_parameters())]
+    return (new, f"its weights are not in the checkpoint {source!r}") if new else None
+
+
+def _output_embeddings(model: Any) -> Any:
+    get = getattr(model, "get_output_embeddings", None)
+    try:
+        return get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        return None
+
+
+def _in_checkpoint(name: str, keys: set[str]) -> bool:
+    for infix in _PEFT_INFIXES:
+        name = name.replace(infix, "")
+    return name in keys or any(key.endswith("." + name) for key in keys)
+
+
+def checkpoint_keys(source: str) -> set[str] | None:
+    """The tensor names of the checkpoint at `source` (a folder or a Hub id in the local cache), or None."""
+    import json
+    from pathlib import Path
+
+    for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json"):
+        path = Path(source) / name if Path(source).is_dir() else _cached(source, name)
+        if path is None or not path.is_file():
+            continue
+        try:
+            if name.endswith(".json"):
+                return set(json.loads(path.read_text())["weight_map"])
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as opened:
+                return set(opened.keys())
+        except Exception:  # an unreadable checkpoint tells nothing
+            return None
+    return None
+
+
+def _cached(source: str, name: str) -> Any:
+    from pathlib import Path
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(source, name)
+    except Exception:  # not a Hub id
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def frozen_head_fix(model: Any, heads: list[str], labels: str) -> str:
+    """How to let new heads train: PEFT's task_type where it covers them and is not set yet, else modules_to_save."""
+    configs = getattr(model, "peft_config", None)
+    saved = "modules_to_save=[" + ", ".join(f'"{name}"' for name in heads) + "]"
+    if not isinstance(configs, dict) or not configs:
+        return f"unfreeze {' and '.join(heads)} before training, e.g. model.{heads[0]}.requires_grad_(True)"
+    config = next(iter(configs.values()))
+    task_type = PEFT_TASK_TYPES.get(labels)
+    given = str(getattr(getattr(config, "task_type", None), "value", getattr(config, "task_type", None)) or "")
+    kind = type(config).__name__
+    if task_type and given != task_type and all(name in PEFT_HEADS[task_type] for name in heads):
+        return (f'{kind}(..., task_type="{task_type}"), which trains and saves the head, or '
+                f"{kind}(..., {saved})")
+    return f"{kind}(..., {saved}), so that PEFT trains and saves a copy of it"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import adapters, diagnosis
+from pytest_trainer import accumulation, adapters, diagnosis, model_facts
 from pytest_trainer.stages import StageResult
 from pytest_trainer.training import non_finite
 
@@ -36,17 +36,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     missing = [name for name, _ in trainable if name not in gradients]
     if missing and pipeline.checkpointing and _inside_checkpoints(missing):
         raise _checkpointed_inputs(pipeline, len(missing), len(trainable), missing)
-    if missing:
-        raise diagnosis.PipelineFailure(
-            f"{len(missing)} of {len(trainable)} trainable parameters get no gradient from the loss: "
-            f"{_names(missing)}",
-            "if they should not train, freeze them (requires_grad=False); otherwise look for .detach(), "
-            "torch.no_grad() or a branch of forward() that leaves them out of the loss. If they must stay unused, "
-            "set ddp_find_unused_parameters=True: on several GPUs, DistributedDataParallel otherwise stops at the "
-            "second step with \"Expected to have finished reduction in the prior iteration\"",
-        )
-    check_added_tokens(pipeline, model, batch)
-    notes = [f"trainable: {trainable_parts([name for name, _ in trainable])}"]
     broken = non_finite(gradients.items())
     if broken:
         raise diagnosis.PipelineFailure(
@@ -54,6 +43,16 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "look for NaN or infinite inputs or labels, a loss that divides by zero, or fp16 overflow "
             "(use bf16 or a loss scaler)",
         )
+    # What follows leaves one process training: findings, which block no later stage and are reported together.
+    findings = [found for found in (
+        _unused(missing, len(trainable)),
+        check_added_tokens(pipeline, model, batch),
+        check_new_heads(pipeline, model),
+        check_accumulation(pipeline, model, device),
+    ) if found is not None]
+    if findings:
+        raise combined(findings)
+    notes = [f"trainable: {trainable_parts([name for name, _ in trainable])}"]
     norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gradients.values()])))
     return StageResult(
         "backward", device, batch=batch, loss=value, gradients=gradients,
@@ -109,25 +108,76 @@ def _checkpointed_inputs(pipeline: Pipeline, count: int, total: int, names: list
     )
 
 
-def check_added_tokens(pipeline: Pipeline, model: Any, batch: dict[str, Any]) -> None:
+def check_added_tokens(pipeline: Pipeline, model: Any, batch: dict[str, Any]) -> diagnosis.Finding | None:
     """Tokens added to the tokenizer and used in the data need embedding rows that can learn."""
     import torch
 
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
     ids = batch.get(pipeline.task.sequence or "")
     if tokenizer is None or not torch.is_tensor(ids):
-        return
+        return None
     added = adapters.new_token_ids(model, tokenizer)
     mask = batch.get("attention_mask")
     real = ids[mask.bool()] if torch.is_tensor(mask) and mask.shape == ids.shape else ids  # padding need not learn
     used = sorted(set(added) & {int(token) for token in real.unique().tolist()}) if added else []
     if not used or not adapters.frozen_rows(model, used):
-        return
+        return None
     tokens = ", ".join(repr(tokenizer.convert_ids_to_tokens(index)) for index in used[:SHOWN])
-    raise diagnosis.PipelineFailure(
+    return diagnosis.Finding(
         f"tokens added to the tokenizer ({tokens}, ids {used[:SHOWN]}) are in the batch, but their embedding rows "
         "cannot change: the input embedding is frozen (LoRA trains adapters only), so the model never learns "
         "what they mean",
         f"let them train: LoraConfig(..., trainable_token_indices={used}) or "
         "LoraConfig(..., modules_to_save=[\"embed_tokens\", \"lm_head\"]) (the module names of your model)",
     )
+
+
+def _unused(missing: list[str], total: int) -> diagnosis.Finding | None:
+    if not missing:
+        return None
+    return diagnosis.Finding(
+        f"{len(missing)} of {total} trainable parameters get no gradient from the loss: {_names(missing)}",
+        "if they should not train, freeze them (requires_grad=False); otherwise look for .detach(), "
+        "torch.no_grad() or a branch of forward() that leaves them out of the loss. If they must stay unused, "
+        "set ddp_find_unused_parameters=True: on several GPUs, DistributedDataParallel otherwise stops at the "
+        "second step with \"Expected to have finished reduction in the prior iteration\"",
+    )
+
+
+def check_new_heads(pipeline: Pipeline, model: Any) -> diagnosis.Finding | None:
+    """A newly initialised head (a classifier the checkpoint did not have) that stays frozen keeps random weights."""
+    found = adapters.frozen_new_heads(model)
+    if found is None:
+        return None
+    heads, why = found
+    count = sum(parameter.numel() for name, module in model_facts.base_model(model).named_children() if name in heads
+                for parameter in module.parameters())
+    lora = " (PEFT trains its adapters only)" if getattr(model, "peft_config", None) else ""
+    return diagnosis.Finding(
+        f"the head {', '.join(heads)} ({count} parameters) is newly initialised ({why}) but frozen{lora}: it keeps "
+        "its random weights, and the model can only learn to feed a random projection",
+        adapters.frozen_head_fix(model, heads, pipeline.task.labels),
+    )
+
+
+def check_accumulation(pipeline: Pipeline, model: Any, device: str) -> diagnosis.Finding | None:
+    """Gradient accumulation must not change the loss or gradients of the same samples."""
+    trainer = pipeline.trainer
+    if int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1) <= 1:
+        return None
+    batch = pipeline.batch_on(device)
+    rows = accumulation.rows_of(batch)
+    if rows is not None and rows < 2 and len(pipeline.training) > 1:  # one row a batch: collate a few together
+        count = min(len(pipeline.training), int(trainer.args.gradient_accumulation_steps))
+        batch = pipeline.collate([dict(sample) for sample in pipeline.rows(list(range(count)))], device)
+    found = accumulation.compare(trainer, model, batch)
+    return accumulation.finding(trainer, model, found) if found is not None else None
+
+
+def combined(findings: list[diagnosis.Finding]) -> diagnosis.Finding:
+    """One failure for several findings: the first cause and fix first, the others below it."""
+    first, *others = findings
+    details = [*first.details]
+    for other in others:
+        details += [f"also: {other.cause}", f"  fix: {other.fix}", *(f"  {line}" for line in other.details)]
+    return diagnosis.Finding(first.cause, first.fix, details)

@@ -35,6 +35,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result = StageResult("collate", device, batch=on_device, figures={"batch_size": float(max(sizes, default=0))})
     if loose:
         result.notes.append(f"values passed on as they are (not tensors): {', '.join(sorted(loose))}")
+    unmasked = check_masked_targets(pipeline, batch)
+    if unmasked is not None:
+        raise unmasked
     return result
 
 
@@ -68,3 +71,38 @@ def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
         raise diagnosis.pad_in_targets(
             int(values.reshape(-1)[index]), count, f"row {row} of the first batch the collator made"
         )
+
+
+def check_masked_targets(pipeline: Pipeline, batch: dict) -> diagnosis.Finding | None:
+    """A masked language model whose labels are its inputs learns to copy the token it sees, not to predict hidden ones.
+
+    With masking, the supervised positions are a sample (mlm_probability) of the tokens, most of them replaced by the
+    mask token in the inputs; with none (mlm=False, or a labels column copied from input_ids) every real token is
+    supervised with itself as the target.
+    """
+    import torch
+
+    task = pipeline.task
+    labels, ids = batch.get("labels"), batch.get(task.sequence or "")
+    if task.labels != tasks.TOKEN_IDS or task.shifts_labels or not torch.is_tensor(labels) \
+            or not torch.is_tensor(ids) or labels.shape != ids.shape:
+        return None
+    supervised = labels != -100
+    mask = batch.get("attention_mask")
+    real = mask.bool() if torch.is_tensor(mask) and mask.shape == ids.shape else torch.ones_like(supervised)
+    count, tokens = int(supervised.sum()), int(real.sum())
+    # Masking supervises a sample of the tokens and changes most of them; copying supervises them all, unchanged.
+    if count < 2 or count * 2 < tokens or not bool((labels[supervised] == ids[supervised]).all()):
+        return None
+    collator = pipeline.trainer.data_collator
+    copies = getattr(collator, "mlm", True) is False
+    made = f"{type(collator).__name__}(mlm=False) copies input_ids into labels" if copies else \
+        "the labels are a copy of input_ids"
+    return diagnosis.Finding(
+        f"a masked language model ({type(model_facts.base_model(pipeline.model)).__name__}) is trained on unmasked "
+        f"labels: {made}, so in the first batch all {count} supervised tokens are the input tokens themselves and none "
+        "is masked; the model learns to copy what it sees (the loss falls fast), not to predict hidden tokens",
+        ("mask the inputs: " if copies else "drop the labels column and mask the inputs: ")
+        + "data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True) (mlm_probability=0.15 by default), "
+        "which replaces a sample of the tokens by the mask token and supervises only those",
+    )
