@@ -51,7 +51,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         check_accumulation(pipeline, model, device),
     ) if found is not None]
     if findings:
-        raise combined(findings)
+        raise diagnosis.together(findings)
     notes = [f"trainable: {trainable_parts([name for name, _ in trainable])}"]
     norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gradients.values()])))
     return StageResult(
@@ -172,12 +172,3 @@ def check_accumulation(pipeline: Pipeline, model: Any, device: str) -> diagnosis
         batch = pipeline.collate([dict(sample) for sample in pipeline.rows(list(range(count)))], device)
     found = accumulation.compare(trainer, model, batch)
     return accumulation.finding(trainer, model, found) if found is not None else None
-
-
-def combined(findings: list[diagnosis.Finding]) -> diagnosis.Finding:
-    """One failure for several findings: the first cause and fix first, the others below it."""
-    first, *others = findings
-    details = [*first.details]
-    for other in others:
-        details += [f"also: {other.cause}", f"  fix: {other.fix}", *(f"  {line}" for line in other.details)]
-    return diagnosis.Finding(first.cause, first.fix, details)

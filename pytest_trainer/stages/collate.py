@@ -64,7 +64,7 @@ def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
     if pipeline.task.labels != tasks.DECODER_TARGETS or labels is None or not hasattr(labels, "numpy"):
         return
     values = labels.cpu().numpy()
-    found = padded_targets(pipeline, values.reshape(-1))
+    found = padded_targets(pipeline, values)  # rows kept: a pad run does not go on from one row to the next
     if found is not None:
         index, count = found
         row = index // values.shape[-1] if values.ndim > 1 else index
