@@ -464,7 +464,7 @@ def _unexpected_keyword(match: re.Match[str], error: BaseException, facts: Facts
 
 @_row(SCRIPT, "LoRA target modules not in the model",
       "ValueError: Target modules {'q_proj', 'v_proj'} not found in the base model.",
-      r"", "dataset")
+      r"", "load")
 def _lora_targets(match: re.Match[str], error: BaseException) -> Explained | None:
     message = str(error)
     if type(error).__name__ != "NoMatchingPeftModuleError" and not re.search(
@@ -485,7 +485,7 @@ def _lora_targets(match: re.Match[str], error: BaseException) -> Explained | Non
 
 @_row(SCRIPT, "a reference model loaded from a checkpoint that is not there",
       "OSError: ... is not a local folder and is not a valid model identifier (TRL loading ref_model_path)",
-      r"", "dataset")
+      r"", "load")
 def _reference_checkpoint(match: re.Match[str], error: BaseException) -> Explained | None:
     reference = _local_of_type(error, "ref_model_path", lambda value: isinstance(value, str))
     if reference is None or not isinstance(error, (OSError, ValueError)):
@@ -513,7 +513,7 @@ TRL_FORMATS = {
 
 
 @_row(SCRIPT, "a TRL dataset in another format", "KeyError: 'chosen' / KeyError: 'text' (inside the TRL trainer)",
-      r"", "dataset")
+      r"", "load")
 def _trl_format(match: re.Match[str], error: BaseException) -> Explained | None:
     if not isinstance(error, KeyError) or not _raised_in(error, "/trl/"):
         return None
@@ -533,7 +533,7 @@ def _trl_format(match: re.Match[str], error: BaseException) -> Explained | None:
 
 @_row(SCRIPT, "a stream without max_steps",
       "ValueError: The train_dataset does not implement __len__, max_steps has to be specified.",
-      r"max_steps.*(__len__|does not have a length)|(__len__|does not have a length).*max_steps", "dataset")
+      r"max_steps.*(__len__|does not have a length)|(__len__|does not have a length).*max_steps", "load")
 def _stream_without_max_steps(match: re.Match[str], error: BaseException) -> Explained:
     return Explained(
         "the training dataset is a stream (an IterableDataset, or streaming=True) and TrainingArguments has no "
@@ -544,7 +544,7 @@ def _stream_without_max_steps(match: re.Match[str], error: BaseException) -> Exp
 
 @_row(SCRIPT, "the policy given as its own reference (TRL)",
       "ValueError: `model` and `ref_model` cannot be the same object.",
-      r"`?model`? and `?ref_model`? cannot be the same object", "dataset")
+      r"`?model`? and `?ref_model`? cannot be the same object", "load")
 def _same_reference(match: re.Match[str], error: BaseException) -> Explained:
     return Explained(
         "the same model object is passed as the policy and as ref_model: the reference must stay frozen while the "
@@ -557,7 +557,7 @@ def _same_reference(match: re.Match[str], error: BaseException) -> Explained:
 @_row(SCRIPT, "GRPO generations per prompt that do not divide the batch",
       "ValueError: generation_batch_size (6) must be divisible by num_generations (8).",
       r"(generation_batch_size|global train batch size)[^0-9]*\(?(?:\d+ x )?(\d+)\)?.*divisible by (?:the number of "
-      r"generations per prompt|num_generations) \((\d+)\)", "dataset")
+      r"generations per prompt|num_generations) \((\d+)\)", "load")
 def _grpo_groups(match: re.Match[str], error: BaseException) -> Explained:
     batch, generations = int(match.group(2)), int(match.group(3))
     divisors = [str(number) for number in range(2, batch + 1) if batch % number == 0]
@@ -574,7 +574,7 @@ def _grpo_groups(match: re.Match[str], error: BaseException) -> Explained:
 
 @_row(SCRIPT, "masked-LM collator with a tokenizer without a mask token",
       "ValueError: This tokenizer does not have a mask token which is necessary for masked language modeling.",
-      r"does not have a mask token which is necessary for masked language modeling", "dataset")
+      r"does not have a mask token which is necessary for masked language modeling", "load")
 def _mlm_without_mask(match: re.Match[str], error: BaseException) -> Explained:
     return Explained(
         "DataCollatorForLanguageModeling masks tokens by default (mlm=True, for BERT-style models), and this "
@@ -587,7 +587,7 @@ def _mlm_without_mask(match: re.Match[str], error: BaseException) -> Explained:
 @_row(SCRIPT, "load_best_model_at_end with save and eval at different times",
       "ValueError: --load_best_model_at_end requires the save and eval strategy to match",
       r"(?s)load_best_model_at_end requires the save and eval strategy to match.*Evaluation strategy: "
-      r"(?:\w+\.)?(\w+).*Save strategy: (?:\w+\.)?(\w+)", "dataset")
+      r"(?:\w+\.)?(\w+).*Save strategy: (?:\w+\.)?(\w+)", "load")
 def _best_model_strategies(match: re.Match[str], error: BaseException) -> Explained:
     evaluate, save = match.group(1).lower(), match.group(2).lower()
     return Explained(
@@ -601,7 +601,7 @@ def _best_model_strategies(match: re.Match[str], error: BaseException) -> Explai
 @_row(SCRIPT, "load_best_model_at_end with save steps not a multiple of eval steps",
       "ValueError: --load_best_model_at_end requires the saving steps to be a round multiple of the evaluation steps",
       r"load_best_model_at_end requires the sav\w* steps to be a round multiple of the evaluation steps, but found "
-      r"(\d+), which is not a round multiple of (\d+)", "dataset")
+      r"(\d+), which is not a round multiple of (\d+)", "load")
 def _best_model_steps(match: re.Match[str], error: BaseException) -> Explained:
     save, evaluate = int(match.group(1)), int(match.group(2))
     nearest = max(evaluate, round(save / evaluate) * evaluate)
