@@ -293,3 +293,15 @@ def test_fp32_script_passes_precision(project: pytest.Pytester) -> None:
     # Nothing runs under autocast in fp32, and the plugin turned no flag off.
     assert precision["figures"] == {}, precision["figures"]
     assert not any(line.startswith("precision: the script asks for") for line in result.outlines)
+
+
+def test_a_finding_in_backward_does_not_hide_a_checkpoint_that_cannot_be_written(project: pytest.Pytester) -> None:
+    # A pooler the forward never uses (no gradient: DDP's unused-parameter failure) and a head sharing the embedding
+    # without declaring it: one run names both, since one process still trains past the first.
+    script = OWN_MASKED_LM.format(tie=SHARED_HEAD).replace("add_pooling_layer=False", "add_pooling_layer=True")
+    result, items = run_stages(project, script, SAVE_STAGES)
+    assert outcomes(result) == {"dataset[cpu]": "PASSED", "collate[cpu]": "PASSED", "forward[cpu]": "PASSED",
+                                "backward[cpu]": "FAILED", "step[cpu]": "PASSED", "save[cpu]": "FAILED"}
+    assert items["backward"]["diagnosis"].startswith("2 of "), items["backward"]
+    assert "encoder.pooler.dense.weight" in items["backward"]["diagnosis"], items["backward"]
+    assert items["save"]["diagnosis"].startswith("safetensors refuses to save weights that share memory"), items["save"]
