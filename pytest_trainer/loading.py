@@ -177,6 +177,12 @@ def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
 
 #: Names the scripts' modules are importable under in this process, one per script run.
 _SCRIPT_NAMES = itertools.count()
+SCRIPT_MODULE_PREFIX = "__trainer_script_"
+
+
+def script_modules() -> set[str]:
+    """The names of the scripts' modules importable now (see `run_script`)."""
+    return {name for name in sys.modules if name.startswith(SCRIPT_MODULE_PREFIX)}
 
 
 def run_script(script: Path, name: str) -> types.ModuleType:
@@ -208,7 +214,7 @@ def run_script(script: Path, name: str) -> types.ModuleType:
 
 def _keep_importable(module: types.ModuleType, name: str) -> None:
     """Register `module` under a name of its own and give that name to what it defined as `name`."""
-    alias = f"__trainer_script_{next(_SCRIPT_NAMES)}__"
+    alias = f"{SCRIPT_MODULE_PREFIX}{next(_SCRIPT_NAMES)}__"
     sys.modules[alias] = module
     namespace = vars(module)
     namespace["__name__"] = alias  # what the script defines later (in a function the plugin calls) carries it too

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer.loading import Sandbox, ScriptError, load_trainer
+from pytest_trainer.loading import Sandbox, ScriptError, load_trainer, script_modules
 from pytest_trainer.plan import blocked_by
 from pytest_trainer.timeouts import time_limit
 
@@ -27,6 +28,8 @@ class TrainerSession:
         self._blocked: dict[tuple[str, str, str], str] = {}
         self.cuda_broken: str | None = None
         self._output = tempfile.TemporaryDirectory(prefix="pytest-trainer-")
+        #: The modules the scripts ran as, importable (so that what they define pickles) until the session ends.
+        self._modules: set[str] = set()
 
     def script_pipeline(self, script: Path, factory: str | None) -> Pipeline:
         """The pipeline of a script, which runs once per process however many items use it."""
@@ -51,8 +54,12 @@ class TrainerSession:
 
         output_dir = Path(self._output.name) / f"{len(self._scripts)}-{script.stem}"
         sandbox = Sandbox(output_dir, self.settings.sample, self.settings.batch_size)
-        with time_limit(self.settings.timeout, hung):
-            loaded = load_trainer(script, self.settings.script_args, factory, sandbox)
+        known = script_modules()
+        try:
+            with time_limit(self.settings.timeout, hung):
+                loaded = load_trainer(script, self.settings.script_args, factory, sandbox)
+        finally:
+            self._modules |= script_modules() - known
         name = script.relative_to(self.rootpath).as_posix() if script.is_relative_to(self.rootpath) else script.name
         pipeline = self._pipeline(loaded.trainer, name)
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
@@ -86,3 +93,5 @@ class TrainerSession:
 
     def close(self) -> None:
         self._output.cleanup()
+        for name in self._modules:
+            sys.modules.pop(name, None)

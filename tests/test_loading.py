@@ -7,6 +7,8 @@ import textwrap
 import pytest
 from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
 
+from pytest_trainer.loading import script_modules
+
 ARGPARSE_MAIN = """
     import argparse
     import tiny
@@ -267,6 +269,7 @@ def test_classes_the_script_defines_pickle_as_in_a_direct_run(project: pytest.Py
                                "test_pickles.py", "-v")
     assert outcomes(result) == {"save[cpu]": "PASSED"}
     result.assert_outcomes(passed=3)
+    assert not script_modules()  # the session ended: the script's module is no longer kept
 
 
 def test_classes_of_a_factory_script_pickle_too(project: pytest.Pytester) -> None:
