@@ -120,6 +120,11 @@ def _batch(facts: Facts) -> dict[str, Any]:
         return {}
 
 
+#: What a tokenizer returns beside the token ids: never a target column, even where the model does not take it.
+TOKENIZER_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "offset_mapping",
+                     "length", "overflow_to_sample_mapping")
+
+
 def _removed(facts: Facts) -> list[str]:
     try:
         return list(facts.training.removed)
@@ -184,8 +189,10 @@ def _target_out_of_bounds(match: re.Match[str], error: BaseException, facts: Fac
 
 @_row(PIPELINE, "token id beyond the embedding, or a sequence beyond the positions",
       "IndexError: index out of range in self; BERT-style models in transformers 5: RuntimeError: The expanded size "
-      "of the tensor (14) must match the existing size (6) at non-singleton dimension 1",
-      r"index out of range in self|The expanded size of the tensor \(\d+\) must match the existing size \(\d+\)",
+      "of the tensor (14) must match the existing size (6) at non-singleton dimension 1 (in 4.57: The size of tensor a "
+      "(14) must match the size of tensor b (6))",
+      r"index out of range in self|The expanded size of the tensor \(\d+\) must match the existing size \(\d+\)"
+      r"|The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension 1",
       "forward")
 def _index_out_of_range(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
     return facts.token_problem()
@@ -340,7 +347,7 @@ def _decoder_without_targets(match: re.Match[str], error: BaseException, facts: 
     if "input_ids" not in batch or batch.get("labels") is not None or batch.get("decoder_input_ids") is not None:
         return None
     model = _model_name(facts)
-    dropped = [name for name in _removed(facts) if name not in ("input_ids", "attention_mask")]
+    dropped = [name for name in _removed(facts) if name not in TOKENIZER_OUTPUTS]
     if dropped:
         return Explained(
             f"the decoder got no input: the batch has no 'labels', because the Trainer dropped the target column "
