@@ -161,6 +161,14 @@ def _forward_takes(facts: Facts) -> set[str] | None:
     return {parameter.name for parameter in parameters}
 
 
+def _batch_keys(facts: Facts) -> set[str]:
+    """The keys of the batch the Trainer's dataloader makes (none where it cannot make one)."""
+    try:
+        return set(facts.first_batch())
+    except Exception:  # a collator that fails is the collate stage's finding, not this row's
+        return set()
+
+
 def _label_names(facts: Facts) -> list[str]:
     names = getattr(facts.trainer, "label_names", None) or ["labels"]
     return [*names, "label", "label_ids"]
@@ -446,6 +454,8 @@ def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Fact
       r"forward\(\) got an unexpected keyword argument '(\w+)'", "forward")
 def _unexpected_keyword(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
     key = match.group(1)
+    if key not in _batch_keys(facts):
+        return None  # raised inside the forward, by a call of the model's own: not the batch's doing
     model = _model_name(facts)
     if key in _label_names(facts):
         return Explained(

@@ -87,6 +87,9 @@ class Task:
         if check in ("lengths", "padding"):
             if self.labels == PREFERENCE:
                 return "preference pairs are tokenized and padded by the trainer itself, as chosen and rejected"
+            if self.sequence is None and not self.conventional:
+                return f"{self.name}: pytest-trainer cannot tell which input of a model of your own is its token " \
+                       "sequence, so it varies no length"
             if self.sequence is None:
                 return f"{self.name}: the model takes no token sequence whose length could vary"
             if check == "padding" and self.positions:

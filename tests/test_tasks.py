@@ -679,3 +679,43 @@ def test_columns_that_match_no_forward_parameter_are_named(project: pytest.Pytes
         "model's forward (inputs, *), so the Trainer's remove_unused_columns drops them all",
         "*fix: name the columns after the forward's parameters, or set remove_unused_columns=False*",
     ])
+
+
+BAG_OF_WORDS = """
+        import tiny
+        import torch
+        from torch import nn
+        from transformers import Trainer, TrainingArguments
+
+        class BagOfWords(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.EmbeddingBag(len(tiny.VOCAB), 8, mode="sum")
+                self.head = nn.Linear(8, 3)
+
+            def forward(self, input_ids, attention_mask=None, labels=None):
+                logits = self.head(self.embed(input_ids, per_sample_weights=attention_mask.float(){extra}))
+                return {{"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}}
+
+        tok = tiny.tokenizer()
+        data = tiny.tokenized(tiny.text_dataset(), tok)
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+        trainer = Trainer(model=BagOfWords(), args=args, train_dataset=data, processing_class=tok)
+        trainer.train()
+"""
+
+
+def test_a_model_of_your_own_says_why_lengths_are_not_varied(project: pytest.Pytester) -> None:
+    write(project, "train.py", BAG_OF_WORDS.format(extra=""))
+    result = run_script(project, "--trainer-stages=forward,lengths,padding")
+    assert outcomes(result) == {"forward[cpu]": "PASSED", "lengths[cpu]": "SKIPPED", "padding[cpu]": "SKIPPED"}
+    result.stdout.fnmatch_lines(["*a model of your own (BagOfWords): pytest-trainer cannot tell which input of a "
+                                 "model of your own is its token sequence, so it varies no length*"])
+
+
+def test_a_keyword_the_forward_passes_wrongly_inside_is_not_blamed_on_the_batch(project: pytest.Pytester) -> None:
+    write(project, "train.py", BAG_OF_WORDS.format(extra=', mode="sum"'))  # EmbeddingBag takes mode in __init__
+    result = run_script(project, "--trainer-stages=forward")
+    assert failures(result) == ["forward[cpu]"]
+    result.stdout.fnmatch_lines(["forward[[]cpu[]] failed: *raised TypeError: *unexpected keyword argument 'mode'"])
+    result.stdout.no_fnmatch_line("*the batch has 'mode'*")
