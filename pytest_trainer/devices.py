@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+#: Devices in run order: every CPU item runs before any CUDA item, so a CUDA crash cannot hide a CPU result.
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+#: Settings that ask for a GPU's number formats: transformers rejects bf16 and tf32 without one (TRL's configs
+#: default to bf16=True), and accelerate silently drops fp16 on a CPU.
+GPU_PRECISION = ("bf16", "fp16", "bf16_full_eval", "fp16_full_eval", "tf32")
+
 
 def unavailable_reason(device: str) -> str | None:
     """Why `device` cannot run on this machine, or None when it can."""

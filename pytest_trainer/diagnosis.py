@@ -1,14 +1,15 @@
-"""Pipeline failures in the user's terms: what is wrong, why it breaks training, and the fix.
+"""Failures in the user's terms: what is wrong, why it breaks training, and the fix.
 
-Checks raise `PipelineFailure` directly when they find a problem; `explain` turns an exception
-raised by the libraries (an IndexError deep in a loss, a tensor that cannot be built) into one,
-using what the pipeline knows about its data and model.
+Everything the plugin reports is a `TrainerError`: a check's `PipelineFailure` (a `Finding` when training still
+runs), a script's `ScriptError`, the plugin's own `InternalError`. `pipeline_part` marks an exception as raised by
+a part of the user's pipeline; `explanations` turns the known ones into failures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 #: Set on an exception raised by the user's pipeline (collator, transform, model, loss, optimizer,
@@ -16,13 +17,10 @@ from typing import Any
 _PIPELINE_PART = "_pytest_trainer_pipeline_part"
 
 
-class PipelineFailure(Exception):
-    """A pipeline problem found by a stage, with its cause and its fix.
+class TrainerError(Exception):
+    """Everything pytest-trainer reports to a user: the cause in their terms, the fix, and lines shown below them."""
 
-    It blocks the stages that need this one: they are skipped rather than fail again on what failed here.
-    """
-
-    #: Whether the stages that need this one lose their meaning (no batch, no loss, no gradients).
+    #: Whether the stages that need the one that failed lose their meaning (no batch, no loss, no gradients).
     blocks = True
     #: Whether this is the library's own error with nothing of pytest-trainer's to explain it (counted in the report).
     unexplained = False
@@ -34,6 +32,13 @@ class PipelineFailure(Exception):
     def render(self) -> str:
         lines = [self.cause, f"  fix: {self.fix}", *(f"  {line}" for line in self.details)]
         return "\n".join(lines)
+
+
+class PipelineFailure(TrainerError):
+    """A pipeline problem found by a stage, with its cause and its fix.
+
+    It blocks the stages that need this one: they are skipped rather than fail again on what failed here.
+    """
 
 
 class Finding(PipelineFailure):
@@ -67,15 +72,28 @@ def findings_last(checks: Iterable[Callable[[], object]]) -> None:
         raise together(found)
 
 
-class InternalError(Exception):
+class InternalError(TrainerError):
     """An exception in pytest-trainer's own code: a bug of the plugin, never the user's failure."""
 
     def __init__(self, check: str, error: BaseException) -> None:
         self.check, self.error = check, error
         first = str(error).splitlines()[0] if str(error) else ""
-        self.cause = f"internal error of pytest-trainer in the {check} check ({type(error).__name__}: {first})"
-        self.fix = "this is a bug of pytest-trainer, not of your pipeline: please report it with the traceback below"
-        super().__init__(f"{self.cause}\n  fix: {self.fix}")
+        super().__init__(
+            f"internal error of pytest-trainer in the {check} check ({type(error).__name__}: {first})",
+            "this is a bug of pytest-trainer, not of your pipeline: please report it with the traceback below",
+        )
+
+
+class ScriptError(TrainerError):
+    """The script gave no Trainer; says why, where, and what to do. Every other item of the script is skipped."""
+
+    def __init__(self, script: Path, cause: str, fix: str, where: str | None = None) -> None:
+        self.script, self.where = script, where
+        super().__init__(cause, fix)
+
+    def render(self) -> str:
+        where = f"\n  at {self.where}" if self.where else ""
+        return f"{self.script.name}: {self.cause}{where}\n  fix: {self.fix}"
 
 
 @contextmanager
@@ -181,7 +199,8 @@ def missing_input(split: str, model_input: str, columns: Sequence[str]) -> Pipel
     )
 
 
-def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailure | None:
+def unpadded(column: str, lengths: Sequence[int], trainer: Any, label_collator: str) -> PipelineFailure | None:
+    """Samples of unequal lengths that nothing pads; `label_collator` is the collator that pads this task's labels."""
     shown = ", ".join(str(length) for length in lengths[:8])
     tokenizer = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
     if tokenizer is not None and getattr(tokenizer, "pad_token", "") is None:
@@ -192,7 +211,7 @@ def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailu
             "(or tokenizer.add_special_tokens({'pad_token': '[PAD]'}) and model.resize_token_embeddings)",
         )
     if type(getattr(trainer, "data_collator", None)).__name__ == "DataCollatorWithPadding":
-        return _labels_not_padded(trainer, column, shown)
+        return _labels_not_padded(trainer, column, shown, label_collator)
     return PipelineFailure(
         f"samples of different lengths ({column} lengths of the first rows: {shown}) reach a collator that "
         "does not pad them "
@@ -202,7 +221,7 @@ def unpadded(column: str, lengths: Sequence[int], trainer: Any) -> PipelineFailu
     )
 
 
-def _labels_not_padded(trainer: Any, column: str, shown: str) -> PipelineFailure | None:
+def _labels_not_padded(trainer: Any, column: str, shown: str, collator: str) -> PipelineFailure | None:
     """DataCollatorWithPadding pads what the tokenizer makes, never labels: a collator that pads them is the fix."""
     names = [*(getattr(trainer, "label_names", None) or ["labels"]), "label"]
     rows = max(2, int(getattr(trainer.args, "train_batch_size", 2)))
@@ -217,11 +236,6 @@ def _labels_not_padded(trainer: Any, column: str, shown: str) -> PipelineFailure
             label, lengths = name, [len(value) for value in values]
             break
     if label and len(set(lengths)) > 1:
-        model = getattr(trainer, "model", None)
-        seq2seq = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-        token_level = type(model).__name__.endswith("ForTokenClassification")
-        collator = ("DataCollatorForTokenClassification(tokenizer)" if token_level and not seq2seq
-                    else "DataCollatorForSeq2Seq(tokenizer, model=model)")
         return PipelineFailure(
             f"the {label!r} of the first rows have different lengths ({', '.join(map(str, lengths[:8]))}): "
             "DataCollatorWithPadding pads the tokenizer's inputs but not labels, so a batch of labels cannot be made",
@@ -243,20 +257,3 @@ def _collator_name(trainer: Any) -> str:
     if name == "default_data_collator":
         return "the Trainer got no tokenizer, so it uses default_data_collator, which only stacks equal lengths"
     return name
-
-
-def explain(error: BaseException, facts: Any) -> PipelineFailure | None:
-    """A PipelineFailure for a library exception, when the table of known errors tells its cause; else None.
-
-    `facts` is the pipeline: it answers for the labels, token ids, columns and batches the rows read.
-    """
-    from pytest_trainer import explanations
-
-    if isinstance(error, PipelineFailure):
-        return error
-    found = explanations.explain_pipeline(error, facts)
-    if found is None or isinstance(found, PipelineFailure):
-        return found
-    if isinstance(found, explanations.Explained):
-        return PipelineFailure(found.cause, found.fix, found.details)
-    return None

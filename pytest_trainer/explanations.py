@@ -6,7 +6,8 @@ of the library's message and a function that reads what it needs (the batch, the
 dropped) and returns the cause and the fix, or None where the facts do not match, so the error keeps its own
 message. A row's fix never repeats what the script already does. Adding an error is adding one row.
 
-This module is the bottom of its layer: it imports nothing of pytest-trainer. `diagnosis` renders what it returns.
+It sits above the pipeline, which it reads (typed, never through `Any`), and below the stages, whose errors it
+explains (`explain`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import re
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import diagnosis
+
+if TYPE_CHECKING:
+    from pytest_trainer.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -25,35 +31,6 @@ class Explained:
     cause: str
     fix: str
     details: tuple[str, ...] = ()
-
-
-class FedSplit(Protocol):
-    """A split as the Trainer feeds it (`pytest_trainer.fed.FedSplit`)."""
-
-    @property
-    def removed(self) -> list[str]: ...
-
-    @property
-    def given(self) -> Any: ...
-
-
-class Facts(Protocol):
-    """What a row may ask of the pipeline (`pytest_trainer.pipeline.Pipeline`)."""
-
-    @property
-    def trainer(self) -> Any: ...
-
-    @property
-    def model(self) -> Any: ...
-
-    @property
-    def training(self) -> FedSplit: ...
-
-    def label_problem(self) -> Exception | None: ...
-
-    def token_problem(self) -> Exception | None: ...
-
-    def first_batch(self) -> dict[str, Any]: ...
 
 
 #: What a pipeline row returns: its own explanation, a failure the pipeline's checks found, or None.
@@ -86,7 +63,7 @@ def _row(table: list[Row], name: str, seen: str, pattern: str, stage: str) -> Ca
     return register
 
 
-def explain_pipeline(error: BaseException, facts: Facts) -> Explained | Exception | None:
+def explain_pipeline(error: BaseException, facts: Pipeline) -> Explained | Exception | None:
     """The first row whose pattern matches and whose facts agree, else None (the library's own message stays)."""
     message = str(error)
     for row in PIPELINE:
@@ -96,6 +73,16 @@ def explain_pipeline(error: BaseException, facts: Facts) -> Explained | Exceptio
             if found is not None:
                 return found  # type: ignore[no-any-return]
     return None
+
+
+def explain(error: BaseException, pipeline: Pipeline) -> diagnosis.PipelineFailure | None:
+    """A failure naming the cause of a library's exception, when a row of `PIPELINE` tells it; else None."""
+    if isinstance(error, diagnosis.PipelineFailure):
+        return error
+    found = explain_pipeline(error, pipeline)
+    if isinstance(found, Explained):
+        return diagnosis.PipelineFailure(found.cause, found.fix, found.details)
+    return found if isinstance(found, diagnosis.PipelineFailure) else None
 
 
 def explain_script(error: BaseException) -> Explained | None:
@@ -113,9 +100,9 @@ def explain_script(error: BaseException) -> Explained | None:
 # ---- the pipeline's facts, read defensively: a fact that cannot be read is no fact ------------------------------
 
 
-def _batch(facts: Facts) -> dict[str, Any]:
+def _batch(facts: Pipeline) -> dict[str, Any]:
     try:
-        return dict(facts.first_batch())
+        return dict(facts.batches.first())
     except Exception:
         return {}
 
@@ -125,28 +112,28 @@ TOKENIZER_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "special_t
                      "length", "overflow_to_sample_mapping")
 
 
-def _removed(facts: Facts) -> list[str]:
+def _removed(facts: Pipeline) -> list[str]:
     try:
         return list(facts.training.removed)
     except Exception:
         return []
 
 
-def _config(facts: Facts) -> Any:
+def _config(facts: Pipeline) -> Any:
     try:
         return getattr(facts.model, "config", None)
     except Exception:
         return None
 
 
-def _model_name(facts: Facts) -> str:
+def _model_name(facts: Pipeline) -> str:
     try:
         return type(facts.model).__name__
     except Exception:
         return "the model"
 
 
-def _forward_takes(facts: Facts) -> set[str] | None:
+def _forward_takes(facts: Pipeline) -> set[str] | None:
     import inspect
 
     try:
@@ -161,15 +148,15 @@ def _forward_takes(facts: Facts) -> set[str] | None:
     return {parameter.name for parameter in parameters}
 
 
-def _batch_keys(facts: Facts) -> set[str]:
+def _batch_keys(facts: Pipeline) -> set[str]:
     """The keys of the batch the Trainer's dataloader makes (none where it cannot make one)."""
     try:
-        return set(facts.first_batch())
+        return set(facts.batches.first())
     except Exception:  # a collator that fails is the collate stage's finding, not this row's
         return set()
 
 
-def _label_names(facts: Facts) -> list[str]:
+def _label_names(facts: Pipeline) -> list[str]:
     names = getattr(facts.trainer, "label_names", None) or ["labels"]
     return [*names, "label", "label_ids"]
 
@@ -179,7 +166,7 @@ def _shape(value: Any) -> tuple[int, ...] | None:
     return tuple(int(size) for size in shape) if shape is not None else None
 
 
-def _stored_values(facts: Facts, column: str, rows: int = 8) -> list[Any]:
+def _stored_values(facts: Pipeline, column: str, rows: int = 8) -> list[Any]:
     try:
         return list(facts.training.given[:rows][column])
     except Exception:
@@ -191,8 +178,10 @@ def _stored_values(facts: Facts, column: str, rows: int = 8) -> list[Any]:
 
 @_row(PIPELINE, "label beyond the head", "IndexError: Target 2 is out of bounds. (GPU: device-side assert triggered)",
       r"Target -?\d+ is out of bounds|device-side assert", "forward")
-def _target_out_of_bounds(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
-    return facts.label_problem()
+def _target_out_of_bounds(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    from pytest_trainer import data_checks
+
+    return data_checks.label_problem(facts)
 
 
 @_row(PIPELINE, "token id beyond the embedding, or a sequence beyond the positions",
@@ -202,14 +191,16 @@ def _target_out_of_bounds(match: re.Match[str], error: BaseException, facts: Fac
       r"index out of range in self|The expanded size of the tensor \(\d+\) must match the existing size \(\d+\)"
       r"|The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension 1",
       "forward")
-def _index_out_of_range(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
-    return facts.token_problem()
+def _index_out_of_range(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    from pytest_trainer import data_checks
+
+    return data_checks.token_problem(facts)
 
 
 @_row(PIPELINE, "multi-label labels that are integers",
       "RuntimeError: result type Float can't be cast to the desired output type Long",
       r"can't be cast to the desired output type", "forward")
-def _multi_label_integers(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _multi_label_integers(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     config = _config(facts)
     if getattr(config, "problem_type", None) != "multi_label_classification" or "Float" not in str(error):
         return None
@@ -227,7 +218,7 @@ def _multi_label_integers(match: re.Match[str], error: BaseException, facts: Fac
       "ValueError: Target size (torch.Size([8])) must be the same as input size (torch.Size([8, 3]))",
       r"Target size \(torch\.Size\(\[(\d+)\]\)\) must be the same as input size \(torch\.Size\(\[\d+, (\d+)\]\)\)",
       "forward")
-def _float_labels_taken_for_rows(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _float_labels_taken_for_rows(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     labels = _batch(facts).get("labels")
     if labels is None or getattr(labels, "dim", lambda: 0)() != 1:
         return None
@@ -258,7 +249,7 @@ def _float_labels_taken_for_rows(match: re.Match[str], error: BaseException, fac
       "RuntimeError: expected scalar type Long but found Float (torch 2: expected target dtype to be Long or Byte, "
       "but got Float)",
       r"expected scalar type Long but found Float|expected target dtype to be Long or Byte, but got Float", "forward")
-def _float_class_ids(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _float_class_ids(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     labels = _batch(facts).get("labels")
     if labels is None or not getattr(labels, "is_floating_point", lambda: False)():
         return None
@@ -275,7 +266,7 @@ def _float_class_ids(match: re.Match[str], error: BaseException, facts: Facts) -
 @_row(PIPELINE, "labels of another shape than the predictions",
       "ValueError: Expected input batch_size (8) to match target batch_size (24).",
       r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)", "forward")
-def _labels_per_example_mismatch(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _labels_per_example_mismatch(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     predicted, given = int(match.group(1)), int(match.group(2))
     labels = _batch(facts).get("labels")
     shape = _shape(labels)
@@ -304,7 +295,7 @@ def _labels_per_example_mismatch(match: re.Match[str], error: BaseException, fac
 @_row(PIPELINE, "labels that do not fit the loss's problem type",
       "ValueError: Target size (...) must be the same as input size (...) / Found dtype Long but expected Float",
       r"must be the same as input size|Found dtype \w+ but expected \w+", "forward")
-def _labels_do_not_fit(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _labels_do_not_fit(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     config = _config(facts)
     problem, width = getattr(config, "problem_type", None), getattr(config, "num_labels", None)
     return Explained(
@@ -317,7 +308,7 @@ def _labels_do_not_fit(match: re.Match[str], error: BaseException, facts: Facts)
 
 @_row(PIPELINE, "the model returned no loss", "ValueError: The model did not return a loss from the inputs, "
       "only the following keys: logits.", r"did not return a loss", "forward")
-def _no_loss(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _no_loss(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     takes = _forward_takes(facts)
     model = _model_name(facts)
     received = re.search(r"inputs it received are ([\w,]+)", str(error))
@@ -348,7 +339,7 @@ def _no_loss(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
       "ValueError: You must specify exactly one of input_ids or inputs_embeds (from the decoder); 4.x: You have to "
       "specify either decoder_input_ids or decoder_inputs_embeds",
       r"exactly one of input_ids or inputs_embeds|specify either decoder_input_ids or decoder_inputs_embeds", "forward")
-def _decoder_without_targets(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _decoder_without_targets(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     if not getattr(_config(facts), "is_encoder_decoder", False):
         return None
     batch = _batch(facts)
@@ -375,7 +366,7 @@ def _decoder_without_targets(match: re.Match[str], error: BaseException, facts: 
 @_row(PIPELINE, "no pad id for a classifier that reads the last token",
       "ValueError: Cannot handle batch sizes > 1 if no padding token is defined.",
       r"Cannot handle batch sizes > 1 if no padding token is defined", "forward")
-def _no_pad_id_in_config(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _no_pad_id_in_config(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     config = _config(facts)
     if config is None or getattr(config, "pad_token_id", None) is not None:
         return None
@@ -398,7 +389,7 @@ def _no_pad_id_in_config(match: re.Match[str], error: BaseException, facts: Fact
       "ValueError: too many dimensions 'str' / Unable to create tensor ... Perhaps your features (`label` in this "
       "case) have excessive nesting", r"too many dimensions 'str'|Perhaps your features \(`(\w+)` in this case\)",
       "collate")
-def _string_labels(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _string_labels(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     columns = [match.group(1)] if match.lastindex else _label_names(facts)
     for column in columns:
         values = _stored_values(facts, column)
@@ -416,7 +407,7 @@ def _string_labels(match: re.Match[str], error: BaseException, facts: Facts) -> 
 
 @_row(PIPELINE, "a column the transform or collator reads, dropped by the Trainer", "KeyError: 'image' (or 'text')",
       r"^'", "dataset")
-def _dropped_column_read(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _dropped_column_read(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     if not isinstance(error, KeyError) or not error.args or not isinstance(error.args[0], str):
         return None
     column = error.args[0]
@@ -435,7 +426,7 @@ def _dropped_column_read(match: re.Match[str], error: BaseException, facts: Fact
       "method signature; with a tokenizer: You should supply an encoding ... that includes input_ids, but you provided "
       "['label']", r"No columns in the dataset match the model's forward|includes input_ids, but you provided",
       "collate")
-def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     removed = _removed(facts)
     text = [name for name in removed if all(isinstance(value, str) for value in _stored_values(facts, name) or [0])]
     if text:
@@ -452,7 +443,7 @@ def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Fact
 @_row(PIPELINE, "a batch key the forward does not take",
       "TypeError: forward() got an unexpected keyword argument 'token_type_ids'",
       r"forward\(\) got an unexpected keyword argument '(\w+)'", "forward")
-def _unexpected_keyword(match: re.Match[str], error: BaseException, facts: Facts) -> Found:
+def _unexpected_keyword(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     key = match.group(1)
     if key not in _batch_keys(facts):
         return None  # raised inside the forward, by a call of the model's own: not the batch's doing

@@ -17,6 +17,9 @@ Two tables answer, both Arrow:
 
 A label that appears only in the last rows of a split sorted by class is so found without running
 the transform over every row.
+
+`Batches` makes the batches the model is fed: the first of the Trainer's own train dataloader, drawn by the
+trainer's family with a fixed seed, and batches of chosen training samples made by the Trainer's own collator.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pytest_trainer import diagnosis, tables
 if TYPE_CHECKING:
     import pyarrow as pa
     from transformers import Trainer
+
+    from pytest_trainer.families import Family
 
 #: Rows read of a split whose stored table is what is fed, spread over it.
 STORED_ROWS = 10_000
@@ -230,3 +235,110 @@ def splits(trainer: Trainer, rows: int) -> list[FedSplit]:
     elif evaluation is not None:
         found.append(FedSplit(trainer, "evaluation", None, evaluation, rows))
     return found
+
+
+#: What torch and the tokenizers say when a collator meets samples of different lengths that nothing padded.
+UNEQUAL_LENGTHS = ("stack expects each tensor to be equal size", "expected sequence of length",
+                   "Unable to create tensor", "must be of equal size", "too many dimensions",
+                   "does not have a padding token")
+
+
+def label_column(trainer: Trainer, table: pa.Table) -> str | None:
+    """The column of `table` the Trainer feeds as labels (its label_names, else `label` or `label_ids`)."""
+    names = [*(getattr(trainer, "label_names", None) or ["labels"]), "label", "label_ids"]
+    return next((name for name in names if name in table.column_names), None)
+
+
+def decoded(trainer: Trainer, token_ids: Any) -> str:
+    """The text of token ids when the Trainer knows a tokenizer, else an empty string."""
+    tokenizer = getattr(trainer, "processing_class", None)
+    decode = getattr(tokenizer, "decode", None)
+    while isinstance(token_ids, list) and token_ids and isinstance(token_ids[0], list):
+        token_ids = token_ids[0]  # the first choice of a multiple-choice row
+    if not callable(decode) or not isinstance(token_ids, list) or not token_ids:
+        return ""
+    return str(decode(token_ids))
+
+
+class Batches:
+    """The batches the model is fed: the first one of the train dataloader, and ones collated from chosen samples."""
+
+    def __init__(self, trainer: Trainer, family: Family, training: Callable[[], FedSplit],
+                 label_collator: Callable[[], str]) -> None:
+        self.trainer, self.family = trainer, family
+        self._training = training
+        #: The collator that pads this task's per-token labels, named when nothing pads them.
+        self._label_collator = label_collator
+        self._first: dict[str, Any] | None = None
+
+    def first(self) -> dict[str, Any]:
+        """The first batch of the Trainer's own train dataloader, drawn with a fixed seed, on the CPU."""
+        import torch
+
+        if self._first is None:
+            try:
+                batch = self.family.draw(self.trainer)
+            except (ValueError, TypeError, RuntimeError) as error:
+                # Explaining is the plugin's own work, outside the pipeline's part: its bugs stay its own.
+                problem = self.padding_problem() if any(sign in str(error) for sign in UNEQUAL_LENGTHS) else None
+                if problem is None:
+                    raise
+                raise problem from error
+            self._first = {key: value.cpu() if torch.is_tensor(value) else value for key, value in batch.items()}
+        return self._first
+
+    def on(self, device: str) -> dict[str, Any]:
+        """The first batch on `device`."""
+        return _moved(self.first(), device)
+
+    def collate(self, features: list[dict[str, Any]], device: str) -> dict[str, Any]:
+        """A batch made by the Trainer's own collator, on `device`."""
+        import datasets
+
+        collator = self.trainer.data_collator
+        if not isinstance(self.trainer.train_dataset, datasets.Dataset):
+            collator = self.trainer._get_collator_with_removed_columns(collator, description="training")
+        with diagnosis.pipeline_part("the data collator"):
+            batch = collator(features)
+        return _moved(batch, device)
+
+    def rows(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Training samples as the collator receives them (`indices` are positions in the training table)."""
+        return self._training().samples(indices)
+
+    def spread(self, rows: int) -> list[tuple[list[dict[str, Any]], dict[str, Any]]]:
+        """(samples, batch) of the script's batch size, collated by the Trainer's own collator on the CPU from rows
+        spread over the training split."""
+        import numpy as np
+
+        count = len(self._training())
+        indices = sorted({int(index) for index in np.linspace(0, count - 1, min(rows, count))}) if count else []
+        size = max(1, int(self.trainer.args.train_batch_size))
+        found = []
+        for start in range(0, len(indices), size):
+            samples = self.rows(indices[start:start + size])
+            found.append((samples, self.collate([dict(sample) for sample in samples], "cpu")))
+        return found
+
+    def padding_problem(self) -> diagnosis.PipelineFailure | None:
+        """Samples of different lengths that nothing pads, named with the lengths of the first rows."""
+        import numpy as np
+
+        if self.trainer.train_dataset is None:
+            return None
+        table = self._training().table
+        first_rows = table.slice(0, max(2, self.trainer.args.train_batch_size))
+        for column in first_rows.column_names:
+            if not tables.is_numeric(first_rows.schema.field(column).type) or \
+                    tables.depth(first_rows.schema.field(column).type) == 0:
+                continue
+            counts = tables.row_lengths(first_rows, column)
+            if counts.size and np.unique(counts).size > 1:
+                return diagnosis.unpadded(column, counts.tolist(), self.trainer, self._label_collator())
+        return None
+
+
+def _moved(batch: Mapping[str, Any], device: str) -> dict[str, Any]:
+    import torch
+
+    return {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}

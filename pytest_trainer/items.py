@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pytest_trainer.diagnosis import InternalError, PipelineFailure
-from pytest_trainer.loading import ScriptError
+from pytest_trainer.diagnosis import InternalError, ScriptError, TrainerError
 from pytest_trainer.plan import Step, plan
+from pytest_trainer.session import session_of
 
 #: Frames of these modules say nothing about the user's pipeline; they are left out of reports.
 _PLUMBING = ("pytest_trainer", "_pytest", "pluggy", "runpy")
@@ -19,8 +19,6 @@ class TrainerScript(pytest.File):
     """A training script given with --trainer-module: one item per stage and device, never imported as tests."""
 
     def collect(self) -> Iterator[StageItem]:
-        from pytest_trainer.plugin import session_of
-
         settings = session_of(self.config).settings
         for step in plan(settings.stages, settings.devices):
             yield StageItem.from_parent(self, name=step.name, callobj=check_stage, step=step)
@@ -50,7 +48,7 @@ class StageItem(pytest.Function):
         if isinstance(error, InternalError):
             info = pytest.ExceptionInfo.from_exception(error.error)
             return f"{self.step.name}: {error}\n\n" + str(info.getrepr(style="short", chain=True))
-        if not isinstance(error, (PipelineFailure, ScriptError)):
+        if not isinstance(error, TrainerError):
             return super().repr_failure(excinfo)
         text = f"{self.step.name} failed: {error.render()}"
         if error.__cause__ is not None:

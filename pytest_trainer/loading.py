@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 from pytest_trainer import script_errors
+from pytest_trainer.devices import GPU_PRECISION
+from pytest_trainer.diagnosis import ScriptError
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -39,21 +41,6 @@ SCRIPT_SEED = 0
 STOP_METHODS = ("train", "evaluate", "predict", "hyperparameter_search")
 #: Lines of a library's message shown as the cause of a script error (the whole error is shown below it).
 MESSAGE_LINES = 4
-
-
-class ScriptError(Exception):
-    """The script gave no Trainer; says why, where, and what to do."""
-
-    #: Shown with the library's own message only: no row of the table of explained errors matched.
-    unexplained = False
-
-    def __init__(self, script: Path, cause: str, fix: str, where: str | None = None) -> None:
-        self.script, self.cause, self.fix, self.where = script, cause, fix, where
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        where = f"\n  at {self.where}" if self.where else ""
-        return f"{self.script.name}: {self.cause}{where}\n  fix: {self.fix}"
 
 
 class _StopScript(BaseException):
@@ -326,9 +313,6 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         yield
 
 
-#: Settings that ask for a GPU's number formats: transformers rejects bf16 and tf32 without one (TRL's configs
-#: default to bf16=True), and accelerate silently drops fp16 on a CPU.
-GPU_PRECISION = ("bf16", "fp16", "bf16_full_eval", "fp16_full_eval", "tf32")
 
 
 def precision_for_this_machine(args: Any) -> list[str]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, training
 
 if TYPE_CHECKING:
     import torch
@@ -104,7 +104,8 @@ def _training_step(
     device = next((p.device.type for p in model.parameters()), "cpu")
     autocast = torch.autocast(device_type=device, dtype=dtype) if dtype is not None else nullcontext()
     was_training = model.training
-    with fake_weights(model, mode) if mode else nullcontext(), pipeline.trainer_optimizer(model) as (optimizer, _):
+    with fake_weights(model, mode) if mode else nullcontext(), \
+            training.trainer_optimizer(pipeline.trainer, model) as (optimizer, _):
         if mode:
             batch = {key: mode.from_tensor(value) if torch.is_tensor(value) else value for key, value in batch.items()}
         model.train()

@@ -1,4 +1,4 @@
-"""What the model can accept: head width, vocabulary rows, position limit, its inputs and labels.
+"""What the model can accept: vocabulary rows, position limit, its inputs, and its collator's kind.
 
 Read from the model itself (its config, its embeddings, its forward signature), so the checks
 speak of the model the script actually built.
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import inspect
 from typing import Any
-
-_CLASSIFIER_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification")
 
 
 def base_model(model: Any) -> Any:
@@ -23,18 +21,6 @@ def base_model(model: Any) -> Any:
             return model
         model = inner
     return model
-
-
-def class_count(model: Any) -> int | None:
-    """Width of a single-label classification head, or None when the model is not one."""
-    model = base_model(model)
-    config = getattr(model, "config", None)
-    if config is None or not type(model).__name__.endswith(_CLASSIFIER_SUFFIXES):
-        return None
-    if getattr(config, "problem_type", None) in ("regression", "multi_label_classification"):
-        return None
-    count = getattr(config, "num_labels", None)
-    return count if isinstance(count, int) and count > 1 else None
 
 
 def vocabulary_rows(model: Any) -> int | None:

@@ -1,6 +1,7 @@
 """The ordered plan of pipeline items: which stage runs on which device, and in what order.
 
-Pure and cheap (no torch import), so collection is fast and identical on every xdist worker.
+Read from the stages' own declarations (`stages.registry`), so adding a stage adds it to the plan. Pure and cheap
+(no torch import), so collection is fast and identical on every xdist worker.
 """
 
 from __future__ import annotations
@@ -9,37 +10,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pytest_trainer.devices import DEVICES
+from pytest_trainer.stages import registry
+
+_DECLARED = registry()
 #: The stages in pipeline order: a stage only makes sense once the ones it needs work.
-STAGES: tuple[str, ...] = (
-    "dataset", "collate", "targets", "forward", "backward", "step", "overfit",
-    "save",  # the first checkpoint, of the model the steps before trained
-    "eval", "precision", "memory",  # what else fails hours in: evaluation, mixed precision, GPU memory
-    "labels", "lengths", "padding",  # hypothesis-driven properties
-)
-#: What each stage needs: when one of these fails, the stage is skipped as blocked instead of failing again.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "collate": ("dataset",),
-    "targets": ("collate",),
-    "forward": ("collate",),
-    "backward": ("forward",),
-    "step": ("backward",),
-    "overfit": ("step",),
-    "eval": ("forward",),
-    "save": ("step",),
-    "precision": ("backward",),
-    "memory": ("step",),
-    "labels": ("forward",),
-    "lengths": ("forward",),
-    "padding": ("forward",),
-    "baseline": ("overfit",),
-}
-#: Runs only when asked for (--trainer-baseline), on the CPU only, after everything else.
-BASELINE = "baseline"
+STAGES: tuple[str, ...] = tuple(name for name, stage in _DECLARED.items() if not stage.first and not stage.opt_in)
+#: Stages that run only when a setting turns them on, and that setting's name.
+OPT_IN: dict[str, str] = {name: stage.opt_in for name, stage in _DECLARED.items() if stage.opt_in}
 #: Running the script up to trainer.train(): the first item of a script, once, on its first device. When it fails,
 #: every other item of the script is skipped: there is no Trainer to test.
-LOAD = "load"
-#: Devices in run order: every CPU item runs before any CUDA item, so a CUDA crash cannot hide a CPU result.
-DEVICES: tuple[str, ...] = ("cpu", "cuda")
+LOAD: str = next(name for name, stage in _DECLARED.items() if stage.first)
+#: What each stage needs: when one of these fails, the stage is skipped as blocked instead of failing again.
+NEEDS: dict[str, tuple[str, ...]] = {name: stage.needs for name, stage in _DECLARED.items() if stage.needs}
+
+__all__ = ["DEVICES", "LOAD", "NEEDS", "OPT_IN", "STAGES", "Step", "blocked_by", "cpu_first", "plan"]
 
 
 @dataclass(frozen=True)
@@ -63,22 +48,22 @@ class Step:
 def blocked_by(failed: str) -> set[str]:
     """Every stage that needs `failed`, directly or through another stage."""
     blocked: set[str] = set()
-    for stage in (*STAGES, BASELINE):  # pipeline order: a stage's needs come before it
+    for stage in _DECLARED:  # rank order: a stage's needs come before it
         if any(need == failed or need in blocked for need in NEEDS.get(stage, ())):
             blocked.add(stage)
     return blocked
 
 
 def plan(stages: Iterable[str], devices: Iterable[str]) -> list[Step]:
-    """A script's steps: its load, then device by device, stages in pipeline order within a device."""
+    """A script's steps: its load, then device by device, stages in rank order within a device."""
     stage_set, on = set(stages), [device for device in DEVICES if device in set(devices)]
     if not stage_set or not on:
         return []
     return [Step(LOAD, on[0])] + [
-        Step(stage, device)
+        Step(name, device)
         for device in on
-        for stage in (*STAGES, BASELINE)
-        if stage in stage_set and (stage != BASELINE or device == "cpu")
+        for name, stage in _DECLARED.items()
+        if name in stage_set and not stage.first and device in stage.devices
     ]
 
 

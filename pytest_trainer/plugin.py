@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_trainer import devices, options, reporting
-from pytest_trainer.diagnosis import InternalError, PipelineFailure
+from pytest_trainer.diagnosis import ScriptError, TrainerError
 from pytest_trainer.items import StageItem, TrainerScript
-from pytest_trainer.loading import ScriptError
 from pytest_trainer.plan import DEVICES, STAGES, Step, cpu_first
-from pytest_trainer.session import ALL, TrainerSession
+from pytest_trainer.session import ALL, has_session, session_of, start_session
+from pytest_trainer.settings import Settings
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -23,12 +23,7 @@ if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
     from pytest_trainer.stages import TrainerStage
 
-_SESSION = pytest.StashKey[TrainerSession]()
 MARKER = "trainer_pipeline"
-
-
-def session_of(config: pytest.Config) -> TrainerSession:
-    return config.stash[_SESSION]
 
 
 # ---- configuration and collection ---------------------------------------------------------------
@@ -41,7 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", options.MARKER_LINE)
     settings = options.resolve(config)
-    config.stash[_SESSION] = TrainerSession(settings, config.rootpath)
+    start_session(config, settings)
     if config.getoption("trainer_module") and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = []  # `pytest --trainer-module=train.py` alone tests the script, not testpaths too
     for script in settings.modules:
@@ -54,7 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _SESSION in config.stash:
+    if has_session(config):
         session_of(config).close()
 
 
@@ -136,7 +131,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 class ReportHooks:
     """Registered on the main process only: gathers every item's report (a worker's too) and shows the result."""
 
-    def __init__(self, settings: options.Settings) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.report = reporting.PipelineReport()
 
@@ -216,7 +211,7 @@ def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_
 @pytest.fixture
 def train_batch(trainer_stage: TrainerStage) -> dict[str, Any]:
     """The first batch of the Trainer's train dataloader (fixed seed), on this item's device."""
-    return trainer_stage.pipeline.batch_on(trainer_stage.device)
+    return trainer_stage.pipeline.batches.on(trainer_stage.device)
 
 
 @pytest.fixture
@@ -231,8 +226,8 @@ def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[s
     """What the report needs of this item, in plain values that travel from xdist workers."""
     facts: dict[str, Any] = {"script": _pipeline_key(item), "stage": step.stage, "device": step.device}
     error = call.excinfo.value if call.excinfo is not None else None
-    if isinstance(error, (PipelineFailure, ScriptError, InternalError)):
-        facts.update(diagnosis=error.cause, fix=error.fix, unexplained=bool(getattr(error, "unexplained", False)))
+    if isinstance(error, TrainerError):
+        facts.update(diagnosis=error.cause, fix=error.fix, unexplained=error.unexplained)
     stage = getattr(item, "funcargs", {}).get("trainer_stage")
     result = getattr(stage, "result", None)
     if result is not None:

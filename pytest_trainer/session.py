@@ -7,16 +7,34 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer.loading import Sandbox, ScriptError, load_trainer, script_modules
+import pytest
+
+from pytest_trainer.diagnosis import ScriptError
+from pytest_trainer.loading import Sandbox, load_trainer, script_modules
 from pytest_trainer.plan import blocked_by
 from pytest_trainer.timeouts import time_limit
 
 if TYPE_CHECKING:
-    from pytest_trainer.options import Settings
     from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.settings import Settings
 
 #: Stands for every device or every stage, when the Trainer itself could not be had.
 ALL = "*"
+_SESSION = pytest.StashKey["TrainerSession"]()
+
+
+def session_of(config: pytest.Config) -> TrainerSession:
+    """The session of a pytest run (set up by the plugin's pytest_configure)."""
+    return config.stash[_SESSION]
+
+
+def start_session(config: pytest.Config, settings: Settings) -> TrainerSession:
+    session = config.stash[_SESSION] = TrainerSession(settings, config.rootpath)
+    return session
+
+
+def has_session(config: pytest.Config) -> bool:
+    return _SESSION in config.stash
 
 
 class TrainerSession:

@@ -41,7 +41,7 @@ class LabelDomain:
 def label_domain(trainer: Trainer | Pipeline) -> LabelDomain | None:
     """A ClassLabel's classes, else the values seen in the split, else the model's configured labels."""
     pipeline = _pipeline(trainer)
-    table = pipeline.training_table()
+    table = pipeline.training.table
     column = pipeline.label_column(table)
     if column is None:
         return None
@@ -56,7 +56,7 @@ def label_domain(trainer: Trainer | Pipeline) -> LabelDomain | None:
         return LabelDomain(tuple(range(len(class_names))), f"the ClassLabel of {column!r}: {len(class_names)} classes")
     values, _ = tables.flatten(table, column)
     if values.dtype.kind in "iu":
-        seen = np.unique(values[values != -100])
+        seen = np.unique(values[values != tasks.IGNORE_INDEX])
         if seen.size:
             return LabelDomain(tuple(int(value) for value in seen), f"values of {column!r} in the training split")
     if values.dtype.kind == "f":
@@ -82,7 +82,7 @@ def label_values(trainer: Trainer | Pipeline) -> st.SearchStrategy[Any]:
 def rows(trainer: Trainer | Pipeline) -> st.SearchStrategy[int]:
     """Indices of training rows, any of them, with the longest always within reach."""
     pipeline = _pipeline(trainer)
-    count = pipeline.training_table().num_rows
+    count = pipeline.training.table.num_rows
     longest = [int(index) for index in np.argsort(-_row_lengths(pipeline), kind="stable")[:LONGEST_ROWS]]
     return st.one_of(st.sampled_from(longest), st.integers(0, count - 1)) if count else st.nothing()
 
@@ -100,7 +100,8 @@ def batches(draw: st.DrawFn, trainer: Trainer | Pipeline, max_rows: int = 2) -> 
     pipeline = _pipeline(trainer)
     indices = draw(st.lists(rows(pipeline), min_size=1, max_size=max_rows))
     length = draw(lengths(pipeline))
-    return ResizedBatch(tuple(indices), length, tuple(resize(row, length, pipeline) for row in pipeline.rows(indices)))
+    chosen = pipeline.batches.rows(indices)
+    return ResizedBatch(tuple(indices), length, tuple(resize(row, length, pipeline) for row in chosen))
 
 
 @dataclass(frozen=True)
@@ -153,15 +154,12 @@ def _resized(value: list[Any], length: int) -> list[Any]:
     return (value * (length // max(len(value), 1) + 1))[:length]
 
 
-def require_sequences(pipeline: Pipeline, check: str) -> None:
-    """Skip a property that needs token sequences when the task or the training rows have none."""
+def require_sequences(pipeline: Pipeline) -> None:
+    """Skip a property that needs token sequences when the training rows have none to cut or pad."""
     import pytest
 
-    reason = pipeline.task.skip(check)
-    if reason:
-        pytest.skip(reason)
     column = pipeline.task.sequence or ""
-    table = pipeline.training_table()
+    table = pipeline.training.table
     if column not in table.column_names or not tables.is_list(table.schema.field(column).type):
         pytest.skip(f"the training samples have no token sequence {column!r} whose length could vary")
     packed = [name for name in PACKING_COLUMNS if name in table.column_names]
@@ -171,7 +169,7 @@ def require_sequences(pipeline: Pipeline, check: str) -> None:
 
 
 def _row_lengths(pipeline: Pipeline) -> np.ndarray:
-    table = pipeline.training_table()
+    table = pipeline.training.table
     column = pipeline.task.sequence or ""
     if column not in table.column_names or not tables.is_list(table.schema.field(column).type):
         return np.ones(table.num_rows, dtype=np.int64)

@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pytest_trainer import diagnosis, tables, tasks
+from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from pytest_trainer.fed import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
-#: Label value that the losses of transformers ignore.
-IGNORE_INDEX = -100
 
 
 def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:

@@ -1,8 +1,8 @@
 """What each kind of task feeds its model and what its labels mean: the one place checks ask.
 
-A check never branches on the model's class. It asks the pipeline's `Task` whether it applies
-(`task.skip(check)` gives the reason when it does not) and what to read: the token-sequence input,
-what a label is, whether a choices axis sits between the batch and the tokens.
+A check never branches on the model's class. It reads the pipeline's `Task`: what a label is (its kind), the
+width of a classification head, the token-sequence input, whether a choices axis sits between the batch and
+the tokens, which value the losses ignore. Labels are keyed by kind; every fact about a kind is here.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from typing import Any
 
 from pytest_trainer import model_facts
 
+#: Label value that the losses of transformers (and torch's cross entropy) ignore.
+IGNORE_INDEX = -100
+
 # What a label is, for each kind of task.
 CLASS = "class"  # one class id per row (text, image, audio classification)
-TOKEN_CLASS = "token class"  # one class id per token, -100 where ignored
+TOKEN_CLASS = "token class"  # one class id per token, IGNORE_INDEX where ignored
 CHOICE = "choice"  # the index of the right choice (multiple choice)
 FLOAT = "float"  # a number per row (regression)
 MULTI_HOT = "multi-hot"  # a float row of 0/1 per class (multi-label classification)
@@ -23,6 +26,7 @@ DECODER_TARGETS = "decoder targets"  # target token ids of an encoder-decoder
 POSITIONS = "positions"  # start and end positions in the sequence (extractive QA)
 TRANSCRIPT = "transcript"  # CTC targets
 PREFERENCE = "preference"  # chosen against rejected; no label column
+REWARD = "reward"  # sampled completions scored by reward functions (online RL); no label column
 UNKNOWN = "unknown"
 
 #: Labels that are class ids checked against a width.
@@ -31,22 +35,18 @@ CLASS_IDS = (CLASS, TOKEN_CLASS, CHOICE)
 VARIABLE = (CLASS, TOKEN_CLASS, CHOICE, FLOAT, MULTI_HOT)
 #: Inputs that are token ids, whose length is the sequence length.
 TOKEN_INPUTS = ("input_ids",)
-#: Trainers that build their own batches from preference pairs.
-PREFERENCE_TRAINERS = ("DPOTrainer", "RewardTrainer", "KTOTrainer", "ORPOTrainer", "CPOTrainer")
-#: The token-id columns those trainers tokenize into (TRL's names across its versions).
-PREFERENCE_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids", "completion_ids", "prompt_input_ids",
-                      "chosen_input_ids", "rejected_input_ids", "completion_input_ids", "input_ids_chosen",
-                      "input_ids_rejected")
 #: Batch keys of an encoder-decoder that run along the target, not along the encoder's tokens.
 DECODER_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
 
-_NOT_CLASSES = {
+#: Why a label of each kind is not a class id whose values could be varied.
+NOT_CLASSES = {
     TOKEN_IDS: "a language model's labels are token ids, not classes: the dataset, targets and lengths checks "
                "cover them",
     DECODER_TARGETS: "seq2seq labels are decoder target token ids, not classes: the dataset check covers them",
     POSITIONS: "question-answering labels are start and end positions in each sequence, not classes",
     TRANSCRIPT: "CTC labels are transcripts of token ids, not classes",
     PREFERENCE: "preference pairs have no label column: the trainer scores chosen against rejected",
+    REWARD: "online RL has no label column: reward functions score the completions the model samples",
     UNKNOWN: "what this model takes as labels is unknown to pytest-trainer",
 }
 
@@ -67,57 +67,63 @@ class Task:
     conventional: bool = True
     #: Labels that are positions in the sequence (an answer span).
     positions: tuple[str, ...] = ()
+    #: Outputs of a single-label classification head of class ids (None: no such head).
+    classes: int | None = None
+    #: The class a fix names when it rebuilds the model with another num_labels.
+    auto_class: str = "AutoModelForSequenceClassification"
+    #: Sample or batch keys beside the sequence that hold token ids of the model's vocabulary (preference pairs).
+    more_token_columns: tuple[str, ...] = ()
 
     @property
     def token_columns(self) -> tuple[str, ...]:
         """Sample or batch keys that hold token ids of the model's vocabulary."""
-        own = (self.sequence,) if self.sequence else ()
-        return own + PREFERENCE_COLUMNS if self.labels == PREFERENCE else own
+        return ((self.sequence,) if self.sequence else ()) + self.more_token_columns
+
+    @property
+    def label_collator(self) -> str:
+        """The collator of transformers that pads this task's per-token labels with IGNORE_INDEX."""
+        if self.labels == TOKEN_CLASS:
+            return "DataCollatorForTokenClassification(tokenizer)"
+        return "DataCollatorForSeq2Seq(tokenizer, model=model)"
 
     def along_sequence(self, key: str) -> bool:
         """Whether a batch key runs along the tokens of the sequence input (so padding it pads them)."""
         return not (self.labels == DECODER_TARGETS and key in DECODER_KEYS)
 
-    def skip(self, check: str) -> str | None:
-        """Why `check` does not apply to this task, or None when it does."""
-        if check == "targets" and not (self.labels == TOKEN_IDS and self.shifts_labels):
-            return f"{self.name}: no causal-LM supervision to audit (the dataset stage checks these labels)"
-        if check == "labels" and self.labels not in VARIABLE:
-            return _NOT_CLASSES.get(self.labels, _NOT_CLASSES[UNKNOWN])
-        if check in ("lengths", "padding"):
-            if self.labels == PREFERENCE:
-                return "preference pairs are tokenized and padded by the trainer itself, as chosen and rejected"
-            if self.sequence is None and not self.conventional:
-                return f"{self.name}: pytest-trainer cannot tell which input of a model of your own is its token " \
-                       "sequence, so it varies no length"
-            if self.sequence is None:
-                return f"{self.name}: the model takes no token sequence whose length could vary"
-            if check == "padding" and self.positions:
-                return "question answering: the softmax over answer positions spans the padding too (transformers' " \
-                       "QA heads do not mask it), so padded and unpadded losses differ by design"
-            if check == "padding" and self.nested:
-                return "multiple choice pads every choice of a row to one length: the padding property does not " \
-                       "cover a choices axis"
+    def no_sequence(self) -> str | None:
+        """Why this task has no token sequence whose length a property could vary, or None when it has one."""
+        if self.sequence is None and not self.conventional:
+            return f"{self.name}: pytest-trainer cannot tell which input of a model of your own is its token " \
+                   "sequence, so it varies no length"
+        if self.sequence is None:
+            return f"{self.name}: the model takes no token sequence whose length could vary"
         return None
 
+    def not_classes(self) -> str | None:
+        """Why this task's labels are no values a property can vary, or None when they are."""
+        if self.labels in VARIABLE:
+            return None
+        return NOT_CLASSES.get(self.labels, NOT_CLASSES[UNKNOWN])
 
-def detect(model: Any, trainer: Any) -> Task:
-    """The task of a Trainer, from its class and its model's class and config."""
+
+def detect(model: Any) -> Task:
+    """The task of a model, from its class and its config (a trainer family may say otherwise)."""
     from transformers import PreTrainedModel
 
     base = model_facts.base_model(model)
     kind = type(base).__name__
     main = getattr(base, "main_input_name", "input_ids")
     sequence = main if main in TOKEN_INPUTS else None
-    if any(cls.__name__ in PREFERENCE_TRAINERS for cls in type(trainer).__mro__):
-        return Task("preference pairs", PREFERENCE, sequence)
     if not isinstance(base, PreTrainedModel):
         return Task(f"a model of your own ({kind})", UNKNOWN, None, conventional=False)
     config = getattr(base, "config", None)
+    count = getattr(config, "num_labels", None)
+    classes = count if isinstance(count, int) and count > 1 else None
     if kind.endswith("ForMultipleChoice"):
         return Task("multiple choice", CHOICE, sequence, nested=True)
     if kind.endswith("ForTokenClassification"):
-        return Task("token classification", TOKEN_CLASS, sequence)
+        return Task("token classification", TOKEN_CLASS, sequence, classes=classes,
+                    auto_class="AutoModelForTokenClassification")
     if kind.endswith("ForQuestionAnswering"):
         return Task("question answering", POSITIONS, sequence, positions=("start_positions", "end_positions"))
     if kind.endswith("ForCTC"):
@@ -133,22 +139,11 @@ def detect(model: Any, trainer: Any) -> Task:
         name = {"input_ids": "text classification", "pixel_values": "image classification"}.get(
             main, "audio classification" if main.startswith("input_") else "classification"
         )
-        if problem == "regression" or getattr(config, "num_labels", 2) == 1:
+        if problem == "regression" or count == 1:
             return Task(f"{name} (regression)", FLOAT, sequence)
         if problem == "multi_label_classification":
             return Task(f"{name} (multi-label)", MULTI_HOT, sequence)
-        return Task(name, CLASS, sequence)
+        # A text head is rebuilt with AutoModelForSequenceClassification; an image or audio one with its own class.
+        auto_class = "AutoModelForSequenceClassification" if kind.endswith("ForSequenceClassification") else kind
+        return Task(name, CLASS, sequence, classes=classes, auto_class=auto_class)
     return Task(f"a {kind}", UNKNOWN, sequence)
-
-
-def preference_figures(trainer: Any) -> dict[str, float]:
-    """The last chosen and rejected log-probabilities and rewards a preference trainer logged (TRL's metrics)."""
-    logged = getattr(trainer, "_metrics", None)
-    if not isinstance(logged, dict):
-        return {}
-    figures: dict[str, float] = {}
-    for metrics in logged.values():
-        for name, values in (metrics.items() if isinstance(metrics, dict) else ()):
-            if name.split("/")[0] in ("logps", "rewards") and isinstance(values, list) and values:
-                figures[name.replace("/", "_")] = float(values[-1])
-    return figures

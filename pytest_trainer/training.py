@@ -10,6 +10,7 @@ the same numbers whichever items ran before it.
 
 from __future__ import annotations
 
+import copy
 import math
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -17,11 +18,14 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
+from pytest_trainer.losses import checked_loss, detached_loss
 
 if TYPE_CHECKING:
     import torch
+    from transformers import Trainer
 
-    from pytest_trainer.pipeline import Pipeline
+#: A family's loss on a batch: (loss, outputs) of `model` on `batch` (`families.Family.loss` for one trainer).
+LossOf = Callable[["torch.nn.Module", dict[str, Any]], tuple["torch.Tensor", Any]]
 
 #: Seed of the dropout masks of the shared run's steps (step n uses SEED + n).
 SEED = 0
@@ -121,14 +125,12 @@ def at_peak_learning_rate(optimizer: Any) -> tuple[float, bool]:
     return peak, below
 
 
-def one_step(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, scheduler: Any
+def one_step(loss_of: LossOf, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, scheduler: Any
              ) -> float:
     """One training step as the Trainer takes it: loss, backward, optimizer and scheduler step; returns the loss."""
-    from pytest_trainer.stages.forward import checked_loss
-
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss = pipeline.loss(model, batch)[0]  # the outputs are dropped before backward, as in the Trainer's step
+    loss = loss_of(model, batch)[0]  # the outputs are dropped before backward, as in the Trainer's step
     value = checked_loss(loss)
     with diagnosis.pipeline_part("backward() through the model"):
         loss.backward()
@@ -146,10 +148,9 @@ class Trajectory:
     would otherwise hide whether a step can change anything.
     """
 
-    def __init__(self, pipeline: Pipeline, model: torch.nn.Module, device: str, factor: float,
-                 start_loss: Callable[[], float]) -> None:
-        self.pipeline, self.model, self.device, self.factor = pipeline, model, device, factor
-        self.batch = pipeline.batch_on(device)
+    def __init__(self, trainer: Trainer, loss_of: LossOf, model: torch.nn.Module, batch: dict[str, Any],
+                 factor: float, start_loss: Callable[[], float]) -> None:
+        self.trainer, self.loss_of, self.model, self.batch, self.factor = trainer, loss_of, model, batch, factor
         self._start_loss = start_loss
         #: The loss of the batch at the starting weights, in eval mode (known before the first step).
         self.loss_before: float | None = None
@@ -159,7 +160,7 @@ class Trajectory:
         self.pending = False
         self.attached = True
         self._loss_value = math.nan
-        self.clip = float(getattr(pipeline.trainer.args, "max_grad_norm", 0) or 0)
+        self.clip = float(getattr(trainer.args, "max_grad_norm", 0) or 0)
         self._made: tuple[Any, Any, Callable[[], None]] | None = None
         self._rates: list[float] = []
         self.peak, self.warmup = math.nan, False
@@ -175,7 +176,7 @@ class Trajectory:
     def _optimizer_and_scheduler(self) -> tuple[Any, Any, Callable[[], None]]:
         """Made at the first step, so that a learning rate of 0 fails the stage that steps, not backward."""
         if self._made is None:
-            made = self.pipeline.optimizer_for(self.model)
+            made = optimizer_for(self.trainer, self.model)
             try:
                 self.peak, self.warmup = at_peak_learning_rate(made[0])
             except diagnosis.PipelineFailure:
@@ -211,10 +212,10 @@ class Trajectory:
         import torch
 
         device = self.model_device
-        trainer = self.pipeline.trainer
+        trainer = self.trainer
         optimizer, scheduler = self._made[:2] if self._made else (trainer.optimizer, trainer.lr_scheduler)
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []), \
-                self.pipeline.trainer_holding(self.model, optimizer, scheduler):
+                holding(trainer, self.model, optimizer, scheduler):
             torch.manual_seed(SEED + self.steps)
             yield
 
@@ -229,8 +230,6 @@ class Trajectory:
 
         A loss detached from the model (no grad_fn) leaves `attached` False and no gradient.
         """
-        from pytest_trainer.stages.forward import checked_loss
-
         if self.pending:
             return self._loss_value
         if not self.curve:
@@ -238,7 +237,7 @@ class Trajectory:
         with self._seeded():
             self.model.train()
             self.model.zero_grad(set_to_none=True)
-            loss = self.pipeline.loss(self.model, self.batch)[0]  # outputs dropped before backward, as the Trainer
+            loss = self.loss_of(self.model, self.batch)[0]  # outputs dropped before backward, as the Trainer
             value = checked_loss(loss) if not self.curve else float(loss.detach().float())
             self.attached = loss.grad_fn is not None
             if self.attached and math.isfinite(value):
@@ -254,8 +253,6 @@ class Trajectory:
         optimizer = self.optimizer
         value = self.gradients()
         if not self.attached:
-            from pytest_trainer.stages.backward import detached_loss
-
             raise detached_loss()
         self.pending = False
         self.curve.append(value)
@@ -274,7 +271,7 @@ class Trajectory:
     def eval_loss(self) -> float:
         """The batch's loss at the current weights, in eval mode (NaN stays NaN)."""
         with self._seeded():
-            loss, _ = self.pipeline.eval_loss(self.model, self.batch)
+            loss, _ = eval_loss(self.loss_of, self.model, self.batch)
         return float(loss.detach().float())
 
     def close(self) -> None:
@@ -283,3 +280,69 @@ class Trajectory:
         if self._made is not None:
             self._made[2]()
             self._made = None
+
+
+def eval_loss(loss_of: LossOf, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+    """The loss and the outputs in eval mode without gradients; the model's mode is put back."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return loss_of(model, batch)
+    finally:
+        model.train(was_training)
+
+
+def planned_steps(trainer: Trainer) -> int:
+    """Optimizer steps the script would train for, which shapes the learning-rate schedule."""
+    args = trainer.args
+    if args.max_steps > 0:
+        return int(args.max_steps)
+    try:
+        batches = math.ceil(len(trainer.train_dataset) / args.train_batch_size)  # type: ignore[arg-type]
+    except TypeError:
+        return 1000
+    return max(1, math.ceil(batches / args.gradient_accumulation_steps * args.num_train_epochs))
+
+
+def optimizer_for(trainer: Trainer, model: torch.nn.Module) -> tuple[Any, Any, Callable[[], None]]:
+    """The Trainer's own optimizer and scheduler for `model`, and how to put the Trainer's own back as they were."""
+    saved = (trainer.model, trainer.optimizer, trainer.lr_scheduler)
+    given_state = copy.deepcopy(trainer.optimizer.state_dict()) if trainer.optimizer is not None else None
+    trainer.model = model
+    try:
+        with diagnosis.pipeline_part("the Trainer's optimizer and scheduler"):
+            trainer.create_optimizer_and_scheduler(num_training_steps=planned_steps(trainer))
+        made = (trainer.optimizer, trainer.lr_scheduler)
+    finally:
+        trainer.model, trainer.optimizer, trainer.lr_scheduler = saved
+
+    def put_back() -> None:
+        if given_state is not None and trainer.optimizer is not None:
+            trainer.optimizer.load_state_dict(given_state)
+
+    return made[0], made[1], put_back
+
+
+@contextmanager
+def trainer_optimizer(trainer: Trainer, model: torch.nn.Module) -> Iterator[tuple[Any, Any]]:
+    """The Trainer's own optimizer and scheduler for `model`; the Trainer's state is put back afterwards."""
+    optimizer, scheduler, put_back = optimizer_for(trainer, model)
+    try:
+        with holding(trainer, model, optimizer, scheduler):
+            yield optimizer, scheduler
+    finally:
+        put_back()
+
+
+@contextmanager
+def holding(trainer: Trainer, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> Iterator[None]:
+    """The Trainer with `model`, `optimizer` and `scheduler` as its own, for its checkpoint code."""
+    saved = (trainer.model, trainer.optimizer, trainer.lr_scheduler)
+    trainer.model, trainer.optimizer, trainer.lr_scheduler = model, optimizer, scheduler
+    try:
+        yield
+    finally:
+        trainer.model, trainer.optimizer, trainer.lr_scheduler = saved

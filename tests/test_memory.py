@@ -43,7 +43,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from pytest_trainer import memory
+from pytest_trainer import memory, training
 from pytest_trainer.pipeline import Pipeline
 
 # The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
@@ -126,7 +126,7 @@ def _storage_bytes(tensors: Any) -> int:
 def measured_peak(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, int]:
     """The peak bytes of the second real training step of `model` on `batch`, measured with torch's profiler."""
     trainer = pipeline.trainer
-    with pipeline.trainer_optimizer(model) as (optimizer, _):
+    with training.trainer_optimizer(pipeline.trainer, model) as (optimizer, _):
         model.train()
 
         def step() -> None:
@@ -251,7 +251,7 @@ def long_row_lengths(tmp_path: Any) -> tuple[int, int]:
     data = tiny.tokenized(script["long_row_data"](), tok)
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, report_to=[], use_cpu=True)
     trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
-    first_batch = Pipeline(trainer, "direct").first_batch()
+    first_batch = Pipeline(trainer, "direct").batches.first()
     return max(len(ids) for ids in data["input_ids"]), int(first_batch["input_ids"].shape[-1])
 
 

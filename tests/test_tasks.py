@@ -32,34 +32,56 @@ from trl import DPOTrainer, SFTTrainer  # noqa: F401
 #: The stages every correct pipeline with an eval split must pass; the property items may skip with a reason.
 CORE = ("dataset", "collate", "forward", "backward", "step", "overfit", "eval", "save", "precision", "memory")
 
-
-def skip_reasons(result: pytest.RunResult) -> list[str]:
-    """The `-rs` summary lines of the run, printed so that a reader sees why items were skipped."""
-    lines = [line for line in result.outlines if line.startswith("SKIPPED [")]
-    for line in lines:
-        print(line)
-    return lines
+#: Where the correct scripts' runs write the plugin's JSON report, which ties each skip reason to its item.
+REPORT = "--trainer-report=report.json"
 
 
-def check_correct(result: pytest.RunResult, passed: tuple[str, ...] = CORE, skipped: tuple[str, ...] = (),
-                  either: tuple[str, ...] = (), targets: str = "SKIPPED") -> dict[str, str]:
-    """No failure; `passed` items PASSED, `skipped` items SKIPPED, `either` items PASSED or SKIPPED; every item ran.
+def skip_reasons(project: pytest.Pytester, result: pytest.RunResult) -> dict[str, str]:
+    """`{"labels[cpu]": reason, ...}` for each skipped item of the run, from its JSON report (the `-rs` summary
+    lines name no item and group identical reasons); the `-rs` lines are printed so that a reader sees them."""
+    for line in result.outlines:
+        if line.startswith("SKIPPED ["):
+            print(line)
+    items = json.loads((project.path / "report.json").read_text())["items"]
+    return {f"{item['stage']}[{item['device']}]": item["reason"] for item in items if item["outcome"] == "skipped"}
 
-    `targets` audits causal-LM supervision: it skips for every other task.
+
+def check_correct(project: pytest.Pytester, result: pytest.RunResult, passed: tuple[str, ...] = CORE,
+                  skipped: dict[str, str] | None = None) -> dict[str, str]:
+    """No failure; every item ran, each either PASSED (`passed`) or SKIPPED with its reason (`skipped` maps the
+    item to a distinctive fragment of the reason, which the `-rs` summary shows in full). `result` is a run with
+    `REPORT`.
+
+    `targets` audits causal-LM supervision: every other task lists it in `skipped` (see `not_causal`).
     """
+    skipped = skipped or {}
     statuses = outcomes(result)
-    skip_reasons(result)
+    reasons = skip_reasons(project, result)
     assert failures(result) == [], result.stdout.str()[-6000:]
     assert set(statuses) == {f"{item}[cpu]" for item in ITEMS}, statuses
-    assert statuses["targets[cpu]"] == targets, statuses
-    assert set(passed) | set(skipped) | set(either) | {"targets"} == set(ITEMS)
+    assert sorted((*passed, *skipped)) == sorted(ITEMS), "each item is listed once, as passed or as skipped"
     assert {item: statuses[f"{item}[cpu]"] for item in passed} == dict.fromkeys(passed, "PASSED"), statuses
     assert {item: statuses[f"{item}[cpu]"] for item in skipped} == dict.fromkeys(skipped, "SKIPPED"), statuses
+    assert set(reasons) == {f"{item}[cpu]" for item in skipped}, reasons  # the report agrees with the terminal
+    summary = "\n".join(line for line in result.outlines if line.startswith("SKIPPED ["))
+    for item, fragment in skipped.items():
+        reason = reasons[f"{item}[cpu]"]
+        assert fragment in reason, (item, fragment, reason)
+        assert reason in summary, (item, reason, summary)
     return statuses
 
 
 def rest(*items: str) -> tuple[str, ...]:
     return tuple(item for item in ITEMS if item not in (*items, "targets"))
+
+
+def not_causal(task: str) -> dict[str, str]:
+    """The `targets` item of a task that is no causal LM: it skips, naming the task."""
+    return {"targets": f"{task}: no causal-LM supervision to audit"}
+
+
+#: Why a property that resizes the token sequence skips where the model takes none (pixels, waveforms).
+NO_TOKEN_SEQUENCE = "the model takes no token sequence whose length could vary"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -109,10 +131,11 @@ VISION = """
 
 def test_vision_set_transform_recipe_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", VISION)
-    result = run_script(project)
+    result = run_script(project, REPORT)
     # Pixel inputs have no token lengths and no padding: those two property items skip, with a reason.
-    check_correct(result, passed=rest("lengths", "padding"), skipped=("lengths", "padding"))
-    result.stdout.re_match_lines([r"SKIPPED .*(image|pixel).*"])
+    check_correct(project, result, passed=rest("lengths", "padding"),
+                  skipped={**not_causal("image classification"),
+                           **dict.fromkeys(("lengths", "padding"), f"image classification: {NO_TOKEN_SEQUENCE}")})
 
 
 def test_vision_transform_starved_by_remove_unused_columns_fails_dataset(project: pytest.Pytester) -> None:
@@ -157,10 +180,12 @@ AUDIO = """
 
 def test_audio_classification_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", AUDIO.format(label="i % 3", num_labels=3))
-    result = run_script(project)
-    # Waveforms have no token positions: lengths and padding may skip, with a reason (where padding is covered, the
-    # layer-norm feature encoder with an attention mask is padding-invariant, so it must pass).
-    check_correct(result, passed=rest("lengths", "padding"), either=("lengths", "padding"))
+    result = run_script(project, REPORT)
+    # Waveforms (input_values) are no token sequence: lengths and padding skip, with the reason; the class-id labels
+    # are varied by the labels property, which passes.
+    check_correct(project, result, passed=rest("lengths", "padding"),
+                  skipped={**not_causal("audio classification"),
+                           **dict.fromkeys(("lengths", "padding"), f"audio classification: {NO_TOKEN_SEQUENCE}")})
 
 
 def test_audio_labels_beyond_the_head_fail_dataset(project: pytest.Pytester) -> None:
@@ -211,9 +236,13 @@ MULTIPLE_CHOICE = """
 
 def test_multiple_choice_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", MULTIPLE_CHOICE.format(edit=""))
-    result = run_script(project)
-    # Rows of [choices][tokens]: the padding property may not cover the choices axis, and skips with a reason.
-    check_correct(result, passed=rest("padding"), either=("padding",))
+    result = run_script(project, REPORT)
+    # Rows of [choices][tokens]: lengths resizes every choice and passes; the padding property does not cover the
+    # choices axis, and skips with the reason (as the README's table of tasks says).
+    check_correct(project, result, passed=rest("padding"),
+                  skipped={**not_causal("multiple choice"),
+                           "padding": "multiple choice pads every choice of a row to one length: the padding property "
+                                      "does not cover a choices axis"})
 
 
 def test_slow_learning_at_a_fine_tuning_rate_is_no_false_alarm(project: pytest.Pytester) -> None:
@@ -280,10 +309,12 @@ SEQ2SEQ = """
 
 def test_seq2seq_with_generate_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", SEQ2SEQ)
-    result = run_script(project)
+    result = run_script(project, REPORT)
     # Target token ids are no class labels: the labels property skips them. Padding the encoder input beside a
-    # longer row changes nothing (labels are padded with -100 apart from the inputs): padding passes or skips.
-    check_correct(result, passed=rest("labels", "padding"), skipped=("labels",), either=("padding",))
+    # longer row changes nothing (labels are padded with -100 apart from the inputs): padding passes.
+    check_correct(project, result, passed=rest("labels"),
+                  skipped={**not_causal("sequence to sequence"),
+                           "labels": "seq2seq labels are decoder target token ids, not classes"})
 
 
 def test_seq2seq_pad_ids_left_in_the_labels_fail_dataset(project: pytest.Pytester) -> None:
@@ -357,11 +388,14 @@ def trl_project(project: pytest.Pytester) -> pytest.Pytester:
 
 def test_dpo_passes(trl_project: pytest.Pytester) -> None:
     write(trl_project, "train.py", DPO)
-    result = run_script(trl_project)
-    # No eval split; preference pairs have no label column; lengths and padding may not apply to them either.
-    check_correct(result, passed=("dataset", "collate", "forward", "backward", "step", "overfit", "save", "precision", "memory"),
-                  skipped=("eval", "labels"), either=("lengths", "padding"))
-    result.stdout.fnmatch_lines(["*SKIPPED*no eval_dataset*"])
+    result = run_script(trl_project, REPORT)
+    # No eval split; preference pairs have no label column, and the trainer tokenizes and pads them itself, so
+    # lengths and padding skip too: each with its reason.
+    check_correct(trl_project, result, passed=rest("eval", "labels", "lengths", "padding"),
+                  skipped={**not_causal("preference pairs"), "eval": "the Trainer has no eval_dataset",
+                           "labels": "preference pairs have no label column",
+                           "lengths": "preference pairs are tokenized and padded by the trainer itself",
+                           "padding": "preference pairs are tokenized and padded by the trainer itself"})
 
 
 def test_dpo_token_ids_beyond_the_embedding_fail_dataset(trl_project: pytest.Pytester) -> None:
@@ -373,10 +407,13 @@ def test_dpo_token_ids_beyond_the_embedding_fail_dataset(trl_project: pytest.Pyt
 
 def test_packed_sft_passes(trl_project: pytest.Pytester) -> None:
     write(trl_project, "train.py", SFT_PACKED)
-    result = run_script(trl_project)
-    # Token-id labels skip; packed rows (one row of max_length, position_ids restarting per sequence) may make
-    # lengths and padding skip too, with a reason, but neither may fail.
-    check_correct(result, passed=CORE, skipped=("labels",), either=("lengths", "padding"), targets="PASSED")
+    result = run_script(trl_project, REPORT)
+    # A causal LM: its supervision is audited (targets passes). Token-id labels skip; packed rows (seq_lengths marks
+    # the documents in each row) cannot be cut or padded without splitting their documents: lengths and padding skip.
+    packed = "the training rows are packed ('seq_lengths' marks the documents in each row)"
+    check_correct(trl_project, result, passed=(*CORE, "targets"),
+                  skipped={"labels": "a language model's labels are token ids, not classes",
+                           "lengths": packed, "padding": packed})
 
 
 def test_packed_sft_token_ids_beyond_the_embedding_fail_dataset(trl_project: pytest.Pytester) -> None:
@@ -432,8 +469,14 @@ RETURNS_TUPLE = "return (loss, logits) if loss is not None else (logits,)"
 @pytest.mark.parametrize("returns", [RETURNS_DICT, RETURNS_TUPLE], ids=["dict", "tuple"])
 def test_own_module_with_its_own_input_names_passes(project: pytest.Pytester, returns: str) -> None:
     write(project, "train.py", OWN_MODEL.replace(RETURNS_DICT, returns))
-    result = run_script(project)
-    check_correct(result, passed=rest("labels", "lengths", "padding"), either=("labels", "lengths", "padding"))
+    result = run_script(project, REPORT)
+    # The checks that need the task's conventions skip with the reason: what a label is, which input is the tokens.
+    no_sequence = ("a model of your own (BagOfWords): pytest-trainer cannot tell which input of a model of your own is "
+                   "its token sequence")
+    check_correct(project, result, passed=rest("labels", "lengths", "padding"),
+                  skipped={**not_causal("a model of your own (BagOfWords)"),
+                           "labels": "what this model takes as labels is unknown to pytest-trainer",
+                           "lengths": no_sequence, "padding": no_sequence})
     assert "untokenized" not in result.stdout.str()
 
 
@@ -475,9 +518,10 @@ MULTI_HOT = "[float(word in text.split()) for word in words]"
 
 def test_multi_label_with_float_multi_hot_rows_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", MULTI_LABEL.format(labels=MULTI_HOT))
-    result = run_script(project)
-    # Multi-hot rows are no class ids: the labels property may skip them, with a reason.
-    check_correct(result, passed=rest("labels"), either=("labels",))
+    result = run_script(project, REPORT)
+    # Float multi-hot rows are varied by the labels property (the README's table of tasks): every item but targets
+    # passes.
+    check_correct(project, result, passed=rest(), skipped=not_causal("text classification (multi-label)"))
 
 
 @pytest.mark.parametrize("labels", [
@@ -515,9 +559,11 @@ QA = """
 
 def test_question_answering_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", QA.format(edit=""))
-    result = run_script(project)
-    check_correct(result, passed=rest("labels", "padding"), skipped=("labels", "padding"))
-    result.stdout.fnmatch_lines(["*SKIPPED*start and end positions in each sequence, not classes*"])
+    result = run_script(project, REPORT)
+    check_correct(project, result, passed=rest("labels", "padding"),
+                  skipped={**not_causal("question answering"),
+                           "labels": "question-answering labels are start and end positions in each sequence",
+                           "padding": "question answering: the softmax over answer positions spans the padding too"})
 
 
 def test_question_answering_span_past_the_sequence_fails_dataset(project: pytest.Pytester) -> None:

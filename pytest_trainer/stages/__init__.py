@@ -1,46 +1,45 @@
-"""The pipeline stages, one module each, and `TrainerStage`, which runs one of them on one device."""
+"""The pipeline stages, one module each, collected into one registry; `TrainerStage` runs one on one device.
+
+A stage module declares itself with `STAGE = Stage(...)` (see `base`): its name, its rank in the plan, the stages it
+needs, the devices it runs on and the tasks or trainer families it applies to. Adding a stage is adding a module.
+Stage modules import nothing heavy at import time: the registry is read while pytest parses its options.
+"""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import devices, diagnosis
+from pytest_trainer.stages.base import Stage, StageResult, everywhere
 from pytest_trainer.timeouts import time_limit
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
 
-
-@dataclass
-class StageResult:
-    """What a stage produced, for the user's own assertions and for the report."""
-
-    stage: str
-    device: str
-    batch: dict[str, Any] | None = None
-    outputs: Any = None
-    loss: float | None = None
-    gradients: dict[str, Any] | None = None
-    figures: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+__all__ = ["Stage", "StageResult", "TrainerStage", "registry"]
 
 
-Check = Callable[["Pipeline", str], StageResult]
-
-
-#: The module of each stage's check, where it is not named as the stage; imported when its stage first runs.
-_MODULES = {"eval": "evaluation"}
-
-
-def _check(stage: str) -> Check:
+@functools.cache
+def registry() -> dict[str, Stage]:
+    """Every stage declared by a module of this package, by name, in rank order."""
     import importlib
+    import pkgutil
 
-    module = importlib.import_module(f"pytest_trainer.stages.{_MODULES.get(stage, stage)}")
-    check: Check = module.run
-    return check
+    found: list[Stage] = []
+    for info in pkgutil.iter_modules(__path__):
+        declared = getattr(importlib.import_module(f"{__name__}.{info.name}"), "STAGE", None)
+        if isinstance(declared, Stage):
+            found.append(declared)
+    ordered = sorted(found, key=lambda stage: stage.rank)
+    by_name = {stage.name: stage for stage in ordered}
+    for stage in ordered:
+        wrong = [need for need in stage.needs if need not in by_name or by_name[need].rank >= stage.rank]
+        if len(by_name) != len(ordered) or wrong:
+            raise RuntimeError(f"stage {stage.name!r} is declared with needs {wrong} that are not stages of a lower "
+                               "rank (or two stages share a name)")
+    return by_name
 
 
 class TrainerStage:
@@ -72,12 +71,17 @@ class TrainerStage:
     def trainer(self) -> Any:
         return self.pipeline.trainer
 
+    @property
+    def declared(self) -> Stage:
+        return registry()[self.stage]
+
     def run(self) -> StageResult:
         """Check the stage; raise PipelineFailure with cause and fix, or return what it produced."""
         __tracebackhide__ = True
         import torch
 
         pipeline = self.pipeline
+        self._skip_unless_it_applies(pipeline)
         name = f"{self.stage}[{self.device}] of {pipeline.name}"
 
         def hung() -> diagnosis.PipelineFailure:
@@ -93,7 +97,7 @@ class TrainerStage:
             with torch.random.fork_rng(devices=[]), time_limit(pipeline.settings.timeout, hung):
                 torch.manual_seed(self.seed)
                 if self.device != "cuda":
-                    self.result = _explained(self.stage, pipeline, self.device)
+                    self.result = _explained(self.declared, pipeline, self.device)
                 else:
                     self.result = self._run_on_cuda(pipeline)
             ended = True
@@ -102,10 +106,31 @@ class TrainerStage:
                 pipeline.settle()
         return self.result
 
+    def _skip_unless_it_applies(self, pipeline: Pipeline) -> None:
+        """Skip, with the reason, a stage declared for other tasks, trainer families or a device other than this one."""
+        import pytest
+
+        stage = self.declared
+        uncovered = pipeline.family.not_covered(stage.name)
+        if uncovered:
+            pytest.skip(uncovered)
+        if stage.applies is not everywhere:
+            try:
+                reason = stage.applies(pipeline.task, pipeline.family)
+            except diagnosis.TrainerError:
+                raise
+            except Exception as error:
+                raise diagnosis.InternalError(self.stage, error) from error
+            if reason:
+                pytest.skip(reason)
+        first = next((device for device in devices.DEVICES if device in pipeline.settings.devices), self.device)
+        if stage.same_on_every_device and self.device != first:
+            pytest.skip(f"{stage.same_on_every_device}: {self.stage}[{first}] covers it")
+
     def _run_on_cuda(self, pipeline: Pipeline) -> StageResult:
         __tracebackhide__ = True
         try:
-            return _check(self.stage)(pipeline, self.device)
+            return self.declared.run(pipeline, self.device)
         except diagnosis.PipelineFailure:
             raise
         except Exception as cuda_error:
@@ -116,7 +141,7 @@ class TrainerStage:
             if broken:
                 self._on_cuda_broken(f"a device-side assert in {self.stage}[cuda] of {pipeline.name}")
             try:
-                _explained(self.stage, pipeline, "cpu")
+                _explained(self.declared, pipeline, "cpu")
             except diagnosis.PipelineFailure as failure:
                 replayed = [*failure.details, "(found by replaying the failed CUDA step on the CPU)"]
                 raise type(failure)(failure.cause, failure.fix, replayed) from (
@@ -125,15 +150,15 @@ class TrainerStage:
             raise _user_failure(cuda_error, pipeline, self.stage) from cuda_error
 
 
-def _explained(stage: str, pipeline: Pipeline, device: str) -> StageResult:
+def _explained(stage: Stage, pipeline: Pipeline, device: str) -> StageResult:
     """Run a stage's check: the user's errors become failures in their terms, the plugin's own an internal error."""
     __tracebackhide__ = True
     try:
-        return _check(stage)(pipeline, device)
+        return stage.run(pipeline, device)
     except diagnosis.PipelineFailure:
         raise
     except Exception as error:
-        raise _user_failure(error, pipeline, stage) from error
+        raise _user_failure(error, pipeline, stage.name) from error
 
 
 def _user_failure(error: Exception, pipeline: Pipeline, stage: str) -> Exception:
@@ -141,7 +166,9 @@ def _user_failure(error: Exception, pipeline: Pipeline, stage: str) -> Exception
     part = diagnosis.part_of(error)
     if part is None:
         return diagnosis.InternalError(stage, error)
+    from pytest_trainer import explanations
+
     try:
-        return diagnosis.explain(error, pipeline) or diagnosis.raised_by(error, part)
+        return explanations.explain(error, pipeline) or diagnosis.raised_by(error, part)
     except Exception as crash:  # explaining is the plugin's own work
         return diagnosis.InternalError(stage, crash)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import accumulation, adapters, diagnosis, model_facts
-from pytest_trainer.stages import StageResult
+from pytest_trainer.losses import detached_loss
+from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
     model = pipeline.model_on(device)
-    batch = pipeline.batch_on(device)
+    batch = pipeline.batches.on(device)
     trainable = [(name, parameter) for name, parameter in model.named_parameters() if parameter.requires_grad]
     if not trainable:
         raise diagnosis.PipelineFailure(
@@ -58,14 +59,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         "backward", device, batch=batch, loss=value, gradients=gradients,
         figures={"gradient_norm": norm, "trainable_parameters": float(sum(p.numel() for _, p in trainable))},
         notes=notes,
-    )
-
-
-def detached_loss() -> diagnosis.PipelineFailure:
-    return diagnosis.PipelineFailure(
-        "the loss is detached from the model (it has no grad_fn), so backward() reaches no parameter",
-        "compute the loss from the model's outputs without torch.no_grad(), .detach(), .item() or "
-        "numpy in between, and return that tensor from compute_loss",
     )
 
 
@@ -165,10 +158,13 @@ def check_accumulation(pipeline: Pipeline, model: Any, device: str) -> diagnosis
     trainer = pipeline.trainer
     if int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1) <= 1:
         return None
-    batch = pipeline.batch_on(device)
+    batch = pipeline.batches.on(device)
     rows = accumulation.rows_of(batch)
     if rows is not None and rows < 2 and len(pipeline.training) > 1:  # one row a batch: collate a few together
         count = min(len(pipeline.training), int(trainer.args.gradient_accumulation_steps))
-        batch = pipeline.collate([dict(sample) for sample in pipeline.rows(list(range(count)))], device)
+        batch = pipeline.batches.collate([dict(sample) for sample in pipeline.batches.rows(list(range(count)))], device)
     found = accumulation.compare(trainer, model, batch)
     return accumulation.finding(trainer, model, found) if found is not None else None
+
+
+STAGE = Stage("backward", rank=50, run=run, needs=("forward",))

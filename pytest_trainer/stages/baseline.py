@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
-from pytest_trainer.stages import StageResult, backward, forward, overfit
+from pytest_trainer.stages.backward import STAGE as BACKWARD
+from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.stages.forward import STAGE as FORWARD
+from pytest_trainer.stages.overfit import STAGE as OVERFIT
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -61,9 +64,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 def measure(pipeline: Pipeline) -> dict[str, Any]:
     """The figures of the baseline, measured with the stages' own checks on the CPU."""
     model = pipeline.model_on("cpu")
-    forward_result = forward.run(pipeline, "cpu")
-    backward_result = backward.run(pipeline, "cpu")
-    overfit_result = overfit.run(pipeline, "cpu")
+    forward_result = FORWARD.run(pipeline, "cpu")
+    backward_result = BACKWARD.run(pipeline, "cpu")
+    overfit_result = OVERFIT.run(pipeline, "cpu")
     logits = forward_result.outputs.get("logits") if isinstance(forward_result.outputs, dict) else None
     return {
         "parameters": sum(parameter.numel() for parameter in model.parameters()),
@@ -120,3 +123,7 @@ def _number(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+# Runs only with --trainer-baseline, on the CPU only, after everything else.
+STAGE = Stage("baseline", rank=200, run=run, needs=("overfit",), devices=("cpu",), opt_in="baseline")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis, model_facts, tasks
-from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    batch = pipeline.first_batch()
+    from pytest_trainer import data_checks
+
+    batch = pipeline.batches.first()
     loose = {key: type(value).__name__ for key, value in batch.items() if not torch.is_tensor(value)}
     # A value that is no tensor is only wrong where the model names it as an input (it computes on it);
     # other values (a packing length, say) go to **kwargs or to a compute_loss of your own: forward judges them.
@@ -27,8 +29,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "make the data collator return tensors (return_tensors='pt'), or drop those columns from the dataset",
         )
     check_target_padding(pipeline, batch)
-    check_batch_tokens(pipeline, batch)
-    on_device = pipeline.batch_on(device)
+    data_checks.check_batch_tokens(pipeline, batch)
+    on_device = pipeline.batches.on(device)
     main = batch.get(pipeline.task.sequence or "")
     sizes = [len(value) for value in ([main] if torch.is_tensor(main) else batch.values())
              if torch.is_tensor(value) and value.dim() > 0]
@@ -39,21 +41,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if unmasked is not None:
         raise unmasked
     return result
-
-
-def check_batch_tokens(pipeline: Pipeline, batch: dict) -> None:
-    """Token ids of the batch are rows of the input embedding (where the collator itself tokenizes, say)."""
-    import torch
-
-    rows = model_facts.vocabulary_rows(pipeline.model)
-    if rows is None:
-        return
-    for key in pipeline.task.token_columns:
-        ids = batch.get(key)
-        if torch.is_tensor(ids) and not ids.dtype.is_floating_point and ids.numel() and int(ids.max()) >= rows:
-            row = int(torch.nonzero(ids >= rows)[0][0])
-            where = f" in row {row} of the first batch the collator made ({key!r})"
-            raise diagnosis.token_beyond_vocabulary(int(ids.max()), rows, where)
 
 
 def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
@@ -87,7 +74,7 @@ def check_masked_targets(pipeline: Pipeline, batch: dict) -> diagnosis.Finding |
     if task.labels != tasks.TOKEN_IDS or task.shifts_labels or not torch.is_tensor(labels) \
             or not torch.is_tensor(ids) or labels.shape != ids.shape:
         return None
-    supervised = labels != -100
+    supervised = labels != tasks.IGNORE_INDEX
     mask = batch.get("attention_mask")
     real = mask.bool() if torch.is_tensor(mask) and mask.shape == ids.shape else torch.ones_like(supervised)
     count, tokens = int(supervised.sum()), int(real.sum())
@@ -106,3 +93,6 @@ def check_masked_targets(pipeline: Pipeline, batch: dict) -> diagnosis.Finding |
         + "data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True) (mlm_probability=0.15 by default), "
         "which replaces a sample of the tokens by the mask token and supervises only those",
     )
+
+
+STAGE = Stage("collate", rank=20, run=run, needs=("dataset",))

@@ -11,7 +11,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, model_facts
-from pytest_trainer.stages import StageResult, dataset
+from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from pytest_trainer.fed import FedSplit as Split
@@ -24,12 +25,14 @@ BATCHES = 2
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
+    from pytest_trainer import data_checks
+
     splits = [split for split in pipeline.splits if split.description != "training"]
     if not splits:
         pytest.skip("the Trainer has no eval_dataset")
     result = StageResult("eval", device)
     for split in splits:
-        dataset.check_split(pipeline, split)
+        data_checks.check_split(pipeline, split)
         metrics = _evaluate(pipeline, device, split)
         result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
     return result
@@ -57,9 +60,10 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]
             with diagnosis.pipeline_part("preprocess_logits_for_metrics"):
                 logits = trainer.preprocess_logits_for_metrics(logits, label_ids)
         if logits is not None:
-            predictions = logits if predictions is None else nested_concat(predictions, logits, padding_index=-100)
+            predictions = logits if predictions is None else \
+                nested_concat(predictions, logits, padding_index=IGNORE_INDEX)
         if label_ids is not None:
-            labels = label_ids if labels is None else nested_concat(labels, label_ids, padding_index=-100)
+            labels = label_ids if labels is None else nested_concat(labels, label_ids, padding_index=IGNORE_INDEX)
     if trainer.compute_metrics is None or predictions is None:
         return {}
     prediction = EvalPrediction(predictions=nested_numpify(predictions),
@@ -97,19 +101,10 @@ def _prediction_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], devi
     """The Trainer's own prediction step where it places inputs on this device; the same by hand elsewhere."""
     trainer = pipeline.trainer
     if trainer.args.device.type == device:
-        return trainer.prediction_step(model, batch, prediction_loss_only=False, **_generation_settings(trainer))
+        return trainer.prediction_step(model, batch, prediction_loss_only=False,
+                                       **pipeline.family.prediction_settings(trainer))
     loss, outputs = pipeline.loss(model, batch)
     return loss, model_facts.logits_of(outputs), batch.get("labels")
-
-
-def _generation_settings(trainer: Any) -> dict[str, Any]:
-    """What Seq2SeqTrainer.evaluate passes to generate with predict_with_generate (max_length, num_beams)."""
-    args = trainer.args
-    if not getattr(args, "predict_with_generate", False) or hasattr(trainer, "_gen_kwargs"):
-        return {}
-    settings = {"max_length": getattr(args, "generation_max_length", None),
-                "num_beams": getattr(args, "generation_num_beams", None)}
-    return {name: value for name, value in settings.items() if value is not None}
 
 
 def _holds_ignore_index(prediction: Any) -> bool:
@@ -117,7 +112,8 @@ def _holds_ignore_index(prediction: Any) -> bool:
 
     parts = [prediction.label_ids, prediction.predictions]
     arrays = [item for part in parts for item in (part if isinstance(part, (tuple, list)) else [part])]
-    return any(isinstance(item, np.ndarray) and item.dtype.kind in "iu" and (item == -100).any() for item in arrays)
+    return any(isinstance(item, np.ndarray) and item.dtype.kind in "iu" and (item == IGNORE_INDEX).any()
+               for item in arrays)
 
 
 def _finite_number(value: Any) -> bool:
@@ -131,3 +127,7 @@ def _shapes(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return "(" + ", ".join(_shapes(item) for item in value) + ")"
     return str(getattr(value, "shape", type(value).__name__))
+
+
+# What fails after the first epoch: the evaluation loop and compute_metrics.
+STAGE = Stage("eval", rank=90, run=run, needs=("forward",))

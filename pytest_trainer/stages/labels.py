@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, model_facts, strategies
-from pytest_trainer.search import search
-from pytest_trainer.stages import StageResult
-from pytest_trainer.stages.forward import checked_loss, has_targets
+from pytest_trainer import diagnosis
+from pytest_trainer.losses import checked_loss, has_targets
+from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
+    from pytest_trainer import strategies
+    from pytest_trainer.families import Family
     from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.tasks import Task
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
@@ -24,11 +27,11 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
     from hypothesis import strategies as st
 
-    reason = pipeline.task.skip("labels")
-    if reason:
-        pytest.skip(reason)
+    from pytest_trainer import strategies
+    from pytest_trainer.search import search
+
     domain = strategies.label_domain(pipeline)
-    column = pipeline.label_column(pipeline.training_table())
+    column = pipeline.label_column(pipeline.training.table)
     if pipeline.training.opaque and column is None:
         pytest.skip(f"the training samples cannot be read as columns ({', '.join(pipeline.training.opaque)}): "
                     "their labels are out of the plugin's reach")
@@ -39,10 +42,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     model.eval()
 
     def loss_of(examples: list[tuple[Any, int]]) -> None:
-        features = pipeline.rows([row for _, row in examples])
+        features = pipeline.batches.rows([row for _, row in examples])
         for feature, (value, _) in zip(features, examples, strict=True):
             feature[column] = _relabel(feature[column], value)
-        batch = pipeline.collate(features, device)
+        batch = pipeline.batches.collate(features, device)
         with torch.no_grad():
             loss, _ = pipeline.loss(model, batch)
         if has_targets(batch, pipeline.task):
@@ -74,7 +77,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 def check_domain_fits_head(pipeline: Pipeline, domain: strategies.LabelDomain) -> None:
     """Integer class ids of the domain fit the head's width and its id2label."""
-    width = model_facts.class_count(pipeline.model)
+    width = pipeline.task.classes
     if width is None or not all(isinstance(value, int) for value in domain.values):
         return
     high = max(domain.values)
@@ -91,17 +94,19 @@ def check_domain_fits_head(pipeline: Pipeline, domain: strategies.LabelDomain) -
 def _relabel(current: Any, value: Any) -> Any:
     """Put `value` on a sample: every labelled position of a token-level label, or the label itself."""
     if isinstance(current, list):
-        return [item if item == -100 else value for item in current]
+        return [item if item == IGNORE_INDEX else value for item in current]
     return value
 
 
 def _rejected(pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, row: int,
               error: Exception) -> diagnosis.PipelineFailure:
-    explained = diagnosis.explain(error, pipeline)
+    from pytest_trainer import explanations
+
+    explained = explanations.explain(error, pipeline)
     if explained is not None and "problem_type" in explained.cause:
         return diagnosis.PipelineFailure(f"label {value!r} (row {row}): {explained.cause}", explained.fix)
     config = getattr(pipeline.model, "config", None)
-    width = model_facts.class_count(pipeline.model) or getattr(config, "num_labels", None)
+    width = pipeline.task.classes or getattr(config, "num_labels", None)
     message = str(error)
     return diagnosis.PipelineFailure(
         f"label {value!r} of the domain {domain.describe()} is rejected by the loss on row {row}: "
@@ -109,3 +114,10 @@ def _rejected(pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, ro
         f"build the model with num_labels={max(domain.values) + 1} (classes 0..{max(domain.values)})"
         if all(isinstance(v, int) for v in domain.values) else "make the labels fit the model's head",
     )
+
+
+def applies(task: Task, family: Family) -> str | None:
+    return task.not_classes()
+
+
+STAGE = Stage("labels", rank=120, run=run, needs=("forward",), applies=applies)

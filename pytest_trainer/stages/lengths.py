@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_trainer import diagnosis, model_facts, strategies
-from pytest_trainer.search import search
-from pytest_trainer.stages import StageResult
-from pytest_trainer.stages.forward import checked_loss, has_targets
+from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.losses import checked_loss, has_targets
+from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
+    from pytest_trainer import strategies
+    from pytest_trainer.families import Family
     from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.tasks import Task
 
 #: A tokenizer's model_max_length at or above this was never set (transformers uses a huge sentinel).
 UNSET_MAX_LENGTH = 10**12
@@ -26,7 +28,10 @@ UNSET_MAX_LENGTH = 10**12
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    strategies.require_sequences(pipeline, "lengths")
+    from pytest_trainer import explanations, strategies
+    from pytest_trainer.search import search
+
+    strategies.require_sequences(pipeline)
     model_input = pipeline.task.sequence or ""
     risk = check_truncation_length(pipeline)
     model = pipeline.model_on(device)
@@ -34,7 +39,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     def fits(example: strategies.ResizedBatch) -> None:
         try:
-            batch = pipeline.collate(list(example.features), device)
+            batch = pipeline.batches.collate(list(example.features), device)
             with torch.no_grad():
                 loss, _ = pipeline.loss(model, batch)
             if has_targets(batch, pipeline.task):
@@ -42,7 +47,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         except Exception as error:
             if not diagnosis.owned_by_pipeline(error):
                 raise
-            found = diagnosis.explain(error, pipeline)
+            found = explanations.explain(error, pipeline)
             rows = ("row " if len(example.rows) == 1 else "rows ") + ", ".join(map(str, example.rows))
             text = pipeline.decoded(example.features[0][model_input])
             first_line = str(error).splitlines()[0] if str(error) else ""
@@ -82,3 +87,11 @@ def check_truncation_length(pipeline: Pipeline) -> str | None:
 
 def _tokens(count: int) -> str:
     return f"{count} token" if count == 1 else f"{count} tokens"
+
+
+def applies(task: Task, family: Family) -> str | None:
+    """Rows can be cut and padded one by one where the model takes a token sequence and the trainer batches rows."""
+    return family.builds_own_batches or task.no_sequence()
+
+
+STAGE = Stage("lengths", rank=130, run=run, needs=("forward",), applies=applies)

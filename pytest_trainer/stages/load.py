@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -24,3 +24,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     })
     result.notes.append(f"{type(trainer).__name__} of {type(model).__name__}")
     return result
+
+
+STAGE = Stage("load", rank=0, run=run, first=True)

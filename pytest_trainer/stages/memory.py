@@ -12,21 +12,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from pytest_trainer import diagnosis, memory, tables
-from pytest_trainer.stages import StageResult
-from pytest_trainer.training import one_step
+from pytest_trainer import diagnosis, training
+from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
+    from pytest_trainer import memory
     from pytest_trainer.fed import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
-GIB = memory.GIB
+GIB = 2**30
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
+
+    from pytest_trainer import memory
 
     model = pipeline.model_on(device)
     args = pipeline.trainer.args
@@ -76,7 +76,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 def longest_batch(pipeline: Pipeline, split: FedSplit, rows: int, device: str) -> tuple[dict[str, Any], int]:
     """A batch of the `rows` longest rows read of `split`, made by the Trainer's collator; and its length."""
+    import numpy as np
     import torch
+
+    from pytest_trainer import tables
 
     table = split.table
     column = pipeline.task.sequence
@@ -88,7 +91,7 @@ def longest_batch(pipeline: Pipeline, split: FedSplit, rows: int, device: str) -
         indices = list(range(min(rows, count)))
     while len(indices) < rows and count:  # a split smaller than one batch is repeated, as training would not
         indices.append(indices[len(indices) % count])
-    batch = pipeline.collate([dict(row) for row in split.samples(indices)], device)
+    batch = pipeline.batches.collate([dict(row) for row in split.samples(indices)], device)
     found = batch.get(column) if column else None
     length = int(found.shape[-1]) if torch.is_tensor(found) and found.dim() > 1 else 0
     return batch, length
@@ -107,6 +110,8 @@ def _budget(pipeline: Pipeline, device: str) -> int:
 
 def _evaluation(pipeline: Pipeline, model: Any, step: memory.Forecast, device: str) -> tuple[int, int, int, int] | None:
     """(bytes gathered, peak bytes, rows, bytes per row) of an evaluation that gathers predictions, else None."""
+    from pytest_trainer import memory
+
     trainer, args = pipeline.trainer, pipeline.trainer.args
     if trainer.compute_metrics is None or args.prediction_loss_only:
         return None
@@ -131,17 +136,20 @@ def _measured_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], dtype:
     """The peak memory the CUDA allocator saw in a real second training step of the batch."""
     import torch
 
-    with pipeline.weights_kept(model), pipeline.trainer_optimizer(model) as (optimizer, _):
+    with pipeline.weights_kept(model), training.trainer_optimizer(pipeline.trainer, model) as (optimizer, _):
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            one_step(pipeline, model, batch, optimizer, None)
+            training.one_step(pipeline.loss, model, batch, optimizer, None)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()  # with what is on the GPU beside the step (a copy of the weights)
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            one_step(pipeline, model, batch, optimizer, None)
+            training.one_step(pipeline.loss, model, batch, optimizer, None)
         torch.cuda.synchronize()
         resident = {id(t): t for t in [*model.parameters(), *model.buffers()] if t.is_cuda}
         resident.update({id(t): t for state in optimizer.state.values() for t in state.values()
                          if torch.is_tensor(t) and t.is_cuda})
         held = sum(t.numel() * t.element_size() for t in resident.values())
         return held + int(torch.cuda.max_memory_allocated()) - before
+
+
+STAGE = Stage("memory", rank=110, run=run, needs=("step",))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis
-from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -60,7 +60,7 @@ class Attempt:
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    result = StageResult("overfit", device, batch=pipeline.batch_on(device))
+    result = StageResult("overfit", device, batch=pipeline.batches.on(device))
     first = _attempt(pipeline, device)
     result.notes.append(f"steps used the peak learning rate {first.rate:g}, without the schedule")
     result.figures.update({"loss_before": first.before, "loss_after": first.after,
@@ -118,3 +118,6 @@ def _attempt(pipeline: Pipeline, device: str, factor: float = 1.0) -> Attempt:
                 break
     moved = bool(pipeline.changed_weights(run.model))
     return Attempt(run.rate, before, after, run.curve[:taken], moved)
+
+
+STAGE = Stage("overfit", rank=70, run=run, needs=("step",))

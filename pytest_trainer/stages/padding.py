@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, model_facts, strategies
-from pytest_trainer.search import search
-from pytest_trainer.stages import StageResult
-from pytest_trainer.stages.forward import has_targets
+from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.losses import has_targets
+from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.stages.lengths import applies as lengths_apply
+from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
-
+    from pytest_trainer.families import Family
     from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.tasks import Task
 
 #: Largest difference allowed between padded and unpadded outputs, relative to the largest logit (at
 #: least 1): float32 noise between sequence lengths is far below it, leaked padding far above it.
@@ -26,8 +28,10 @@ TOLERANCE = 1e-4
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
+    from pytest_trainer import strategies
+    from pytest_trainer.search import search
 
-    strategies.require_sequences(pipeline, "padding")
+    strategies.require_sequences(pipeline)
     model_input = pipeline.task.sequence or ""
     check_pad_token(pipeline)
     model = pipeline.model_on(device)
@@ -36,10 +40,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     def invariant(example: tuple[int, int, int]) -> None:
         short, longer, cut = example
-        features = pipeline.rows([short, longer])
+        features = pipeline.batches.rows([short, longer])
         features[0] = strategies.resize(features[0], cut, pipeline)
         try:
-            batch = pipeline.collate(features, device)
+            batch = pipeline.batches.collate(features, device)
         except (ValueError, RuntimeError, TypeError):
             if not notes:
                 notes.append("the collator does not pad; every training row has the same length")
@@ -121,7 +125,7 @@ def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: 
         cause, fix = "the batch has no attention_mask, so the model attends to the padding", (
             "return attention_mask from the tokenizer and keep it through the collator")
     elif labels is not None and labels.dim() >= 2 and labels.shape[1] == width and bool(
-        (labels[0][padded["attention_mask"][0] == 0] != -100).any()
+        (labels[0][padded["attention_mask"][0] == 0] != IGNORE_INDEX).any()
     ):
         pad_labels = sorted({int(v) for v in labels[0][padded["attention_mask"][0] == 0].tolist()})
         cause, fix = f"labels on padded positions are {pad_labels}, not -100, so the loss counts the padding", (
@@ -140,3 +144,17 @@ def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: 
             "make padded positions invisible to the model (attention_mask) and to the loss (labels -100)")
     details = [f"shortest failing row as text: {text!r}"] if text else []
     return diagnosis.PipelineFailure(f"{where}: {what}; {cause}", fix, details)
+
+
+def applies(task: Task, family: Family) -> str | None:
+    reason = lengths_apply(task, family)
+    if reason is None and task.positions:
+        return "question answering: the softmax over answer positions spans the padding too (transformers' QA " \
+               "heads do not mask it), so padded and unpadded losses differ by design"
+    if reason is None and task.nested:
+        return "multiple choice pads every choice of a row to one length: the padding property does not cover a " \
+               "choices axis"
+    return reason
+
+
+STAGE = Stage("padding", rank=140, run=run, needs=("forward",), applies=applies)

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
-from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         )
     if mixed is None:
         return result
-    batch = pipeline.batch_on(device)
+    batch = pipeline.batches.on(device)
     if mixed == "fp16":
         peak = _check_fp16_range(pipeline, model, batch)
         result.figures["largest_half_activation"] = peak
@@ -130,3 +130,6 @@ def _check_autocast(
             + ("train in bf16 where the GPU has it" if mixed == "fp16" else "keep that layer in fp32"),
         )
     return value
+
+
+STAGE = Stage("precision", rank=100, run=run, needs=("backward",))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis
-from pytest_trainer.stages import StageResult
+from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
 
 if TYPE_CHECKING:
@@ -35,3 +35,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         )
     result.figures.update({"learning_rate": float(run.peak), "parameters_changed": float(len(changed))})
     return result
+
+
+STAGE = Stage("step", rank=60, run=run, needs=("backward",))

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from pytest_trainer import diagnosis
-from pytest_trainer.stages import StageResult
+from pytest_trainer import diagnosis, tasks
+from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from pytest_trainer.families import Family
     from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.tasks import Task
 
 #: Rows of the training split, spread over it, collated in batches of the script's size.
 SAMPLED_ROWS = 64
-#: Label value the loss ignores.
-IGNORE_INDEX = -100
 #: Labels count as shifted by hand when this share of them equals the next input token, and under half the same one.
 SHIFTED = 0.9
 #: Batch keys that mark the completion (or the assistant's turns) under a completion-only loss.
@@ -33,12 +34,7 @@ COMPLETION_MASKS = ("completion_mask", "assistant_masks")
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
-    reason = pipeline.task.skip("targets")
-    if reason:
-        pytest.skip(reason)
-    if device != "cpu" and "cpu" in pipeline.settings.devices:
-        pytest.skip("the audit reads the collated data, the same on every device: targets[cpu] covers it")
-    collated = [(_numpy(batch), samples) for samples, batch in pipeline.spread_batches(SAMPLED_ROWS)]
+    collated = [(_numpy(batch), samples) for samples, batch in pipeline.batches.spread(SAMPLED_ROWS)]
     rows = [row for batch, samples in collated if "labels" in batch and "input_ids" in batch
             for row in _rows(batch, samples)]
     if not rows:
@@ -77,6 +73,8 @@ def _numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def _rows(batch: dict[str, np.ndarray], samples: list[dict[str, Any]]) -> list[_Row]:
     """The sequences of a batch: its rows, or in a padding-free batch the runs where position_ids restart at 0."""
+    import numpy as np
+
     ids, labels = batch["input_ids"], batch["labels"]
     if ids.ndim != 2 or labels.shape != ids.shape:
         return []
@@ -101,6 +99,8 @@ def _rows(batch: dict[str, np.ndarray], samples: list[dict[str, Any]]) -> list[_
 
 def _masked_by_dataset(sample: dict[str, Any], ids: np.ndarray, real: np.ndarray) -> np.ndarray | None:
     """Positions whose label the dataset itself sets to -100 (a prompt), aligned with the collated row."""
+    import numpy as np
+
     given_ids, given_labels = sample.get("input_ids"), sample.get("labels")
     if given_ids is None or given_labels is None:
         return None
@@ -132,6 +132,8 @@ def check_rows_supervised(pipeline: Pipeline, rows: list[_Row]) -> None:
 
 def check_shift(pipeline: Pipeline, rows: list[_Row]) -> None:
     """Causal-LM labels are the inputs themselves, which the model shifts: shifted twice, it learns the next but one."""
+    import numpy as np
+
     if not pipeline.task.shifts_labels:
         return
     same = ahead = count = 0
@@ -208,3 +210,13 @@ def marked(pipeline: Pipeline, row: _Row, limit: int = 400) -> str:
             start = end
     shown = " ".join(parts)
     return repr(shown if len(shown) <= limit else shown[:limit] + "...")
+
+
+def applies(task: Task, family: Family) -> str | None:
+    if task.labels == tasks.TOKEN_IDS and task.shifts_labels:
+        return None
+    return f"{task.name}: no causal-LM supervision to audit (the dataset stage checks these labels)"
+
+
+STAGE = Stage("targets", rank=30, run=run, needs=("collate",), applies=applies,
+              same_on_every_device="the audit reads the collated data, the same on every device")

@@ -1,0 +1,271 @@
+"""Checks of the data as the Trainer feeds it: every split (as `dataset` and `eval` read it) and a collated batch.
+
+The splits are read after the Trainer's own removal of unused columns (`fed.FedSplit`). A column fed as
+stored (the class ids, most often) is checked over every row of the split; what a transform computes
+is checked on rows spread over it. Each check names the first bad row by its index in the dataset.
+`label_problem` and `token_problem` tell why a library's error about labels or token ids was raised.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pytest_trainer import diagnosis, model_facts, tables, task_checks, tasks
+from pytest_trainer.tasks import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from pytest_trainer.fed import FedSplit
+    from pytest_trainer.pipeline import Pipeline
+
+
+def check_split(pipeline: Pipeline, split: FedSplit, *also: Callable[[], None]) -> pa.Table:
+    """Every check that holds for any split, and `also`; returns the split as fed, as an Arrow table.
+
+    A problem that breaks training is raised first; the findings that leave it running (a supervision mistake)
+    are reported together once every check ran.
+    """
+    table = fed_table(pipeline, split)
+    diagnosis.findings_last([
+        lambda: check_inputs(pipeline, split, table),
+        lambda: check_finite(split.description, table, split.row),
+        lambda: check_finite(split.description, split.whole),
+        lambda: check_labels(pipeline, split),
+        lambda: check_tokens(pipeline, split),
+        *(functools.partial(check, pipeline, split) for check in task_checks.FOR_TASK.get(pipeline.task.labels, ())),
+        *also,
+    ])
+    return table
+
+
+def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
+    """The split as fed, or a failure saying why the Trainer cannot read it."""
+    try:
+        return split.table
+    except ValueError as error:
+        if "No columns in the dataset match" not in str(error):
+            raise _transform_failed(split, error) from error
+        raw = tables.stored(split.given, 1)
+        text = [name for name in raw.column_names if tables.is_text(raw.schema.field(name).type)]
+        model_input = model_facts.main_input(pipeline.model)
+        if text and pipeline.task.conventional:
+            raise diagnosis.untokenized(split.description, text, model_input) from error
+        signature: list[str] = pipeline.trainer._signature_columns or []
+        taken = [name for name in signature if name not in ("args", "kwargs")]
+        raise diagnosis.no_matching_columns(split.description, raw.column_names, taken) from error
+    except Exception as error:
+        raise _transform_failed(split, error) from error
+
+
+def _transform_failed(split: FedSplit, error: Exception) -> Exception:
+    if diagnosis.part_of(error) is None or not split.transformed:
+        return error
+    key = error.args[0] if isinstance(error, KeyError) and error.args else None
+    if key in split.removed:
+        return diagnosis.PipelineFailure(
+            f"the {split.description} dataset's transform raised KeyError: {key!r}: the Trainer removed the column "
+            f"{key!r} before the transform could read it, because the model's forward does not take it "
+            "(remove_unused_columns=True)",
+            "set remove_unused_columns=False in TrainingArguments, and have the transform or the collator return "
+            "only what the model takes",
+        )
+    return diagnosis.raised_by(error, f"the {split.description} dataset's transform")
+
+
+def check_inputs(pipeline: Pipeline, split: FedSplit, table: pa.Table) -> None:
+    """The model's main input is there, and no text reaches a collator that pads, where the collator only batches."""
+    collator = pipeline.trainer.data_collator
+    if not pipeline.task.conventional or not model_facts.batches_given_features(collator):
+        return  # a collator of a trainer or of your own builds the inputs: the collate stage judges its batch
+    model_input = model_facts.main_input(pipeline.model)
+    if model_input not in table.column_names and "inputs_embeds" not in table.column_names:
+        raw = tables.stored(split.given, 1) if not split.transformed else table
+        text = [name for name in raw.column_names if tables.is_text(raw.schema.field(name).type)]
+        if text:
+            raise diagnosis.untokenized(split.description, text, model_input)
+        raise diagnosis.missing_input(split.description, model_input, table.column_names)
+    text = [name for name in table.column_names if tables.is_text(table.schema.field(name).type)]
+    if text and model_facts.pads(collator):
+        raise diagnosis.PipelineFailure(
+            f"text column(s) {', '.join(map(repr, text))} of the {split.description} dataset reach the collator, "
+            "which can only batch numbers",
+            f"drop them before building the Trainer (dataset.remove_columns({text!r})), "
+            "or keep remove_unused_columns=True in TrainingArguments",
+        )
+
+
+def check_labels_present(pipeline: Pipeline, table: pa.Table) -> None:
+    """A model trained with the Trainer's own loss needs labels, unless the collator makes them."""
+    trainer = pipeline.trainer
+    from transformers import DataCollatorWithPadding, Trainer, default_data_collator
+
+    if not pipeline.task.conventional:
+        return
+    own_loss = type(trainer).compute_loss is Trainer.compute_loss and trainer.compute_loss_func is None
+    plain_collator = trainer.data_collator is default_data_collator or isinstance(
+        trainer.data_collator, DataCollatorWithPadding
+    )
+    takes_labels = "labels" in model_facts.forward_parameters(pipeline.model)
+    if own_loss and plain_collator and takes_labels and pipeline.label_column(table) is None:
+        raise diagnosis.PipelineFailure(
+            f"the training dataset has no labels (columns: {', '.join(table.column_names)}), "
+            "so the model returns no loss to train on",
+            "keep the target column and name it 'labels' (or 'label'); for language modelling use "
+            "DataCollatorForLanguageModeling, which makes labels from input_ids",
+        )
+
+
+def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
+    """Class ids fit the head (or the choices): integers in [0, width), or -100 to ignore a position."""
+    task, description = pipeline.task, split.description
+    column = pipeline.label_column(split.table)
+    if task.labels not in tasks.CLASS_IDS or column is None or split.table.num_rows == 0:
+        return
+    choices = task.labels == tasks.CHOICE
+    width = _choices(split.table, task.sequence) if choices else pipeline.task.classes
+    if width is None:
+        return
+    table, dataset_row = split.column(column)
+    values, table_row = tables.flatten(table, column)
+
+    def row_of(index: int) -> int:
+        return dataset_row(table_row(index))
+
+    if values.dtype.kind == "f" and task.labels != tasks.CHOICE:
+        raise diagnosis.PipelineFailure(
+            f"the {description} labels are floats but the model is a {width}-class classifier, which needs "
+            "integer class ids (float labels make transformers switch to multi-label loss)",
+            f"cast the label column to integers, e.g. dataset.cast_column({column!r}, Value('int64'))",
+        )
+    used = values[values != IGNORE_INDEX]
+    if used.size == 0:
+        return
+    too_high = np.flatnonzero((values >= width) & (values != IGNORE_INDEX))
+    if too_high.size:
+        index = int(too_high[0])
+        where = f" (row {row_of(index)} of the {description} dataset has label {values[index]})"
+        if task.labels == tasks.CHOICE:
+            raise diagnosis.PipelineFailure(
+                f"labels range {int(used.min())}..{int(used.max())} but each example has {width} choices "
+                f"(labels 0..{width - 1}){where}",
+                f"a multiple-choice label is the index of the right choice, 0..{width - 1}: check the label column "
+                "and how the choices were built",
+            )
+        raise diagnosis.labels_beyond_head(int(used.min()), int(used.max()), width, where, task.auto_class)
+    negative = np.flatnonzero((values < 0) & (values != IGNORE_INDEX))
+    if negative.size:
+        index = int(negative[0])
+        raise diagnosis.negative_label(int(values[index]), f" in row {row_of(index)} of the {description} dataset")
+
+
+def _choices(table: pa.Table, column: str | None) -> int | None:
+    """The number of choices of every row (multiple choice), when the rows agree on it."""
+    if column is None or column not in table.column_names or tables.depth(table.schema.field(column).type) < 2:
+        return None
+    counts = tables.outer_lengths(table, column)
+    return int(counts[0]) if counts.size and (counts == counts[0]).all() else None
+
+
+def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
+    """Token ids are rows of the input embedding, and sequences fit the model's positions."""
+    table, task, description = split.table, pipeline.task, split.description
+    columns = [name for name in table.column_names
+               if name in task.token_columns and tables.is_numeric(table.schema.field(name).type)]
+    rows = model_facts.vocabulary_rows(pipeline.model)
+    for column in columns:
+        values, row_of = tables.flatten(table, column)
+        if rows is not None and values.size and values.max() >= rows:
+            index = int(np.argmax(values >= rows))
+            where = f" in row {split.row(row_of(index))} of the {description} dataset"
+            raise diagnosis.token_beyond_vocabulary(
+                int(values[index]), rows, where if column == task.sequence else f"{where} ({column!r})"
+            )
+    limit = model_facts.position_limit(pipeline.model)
+    if limit is None or task.sequence is None or task.sequence not in columns:
+        return
+    counts = tables.row_lengths(table, task.sequence)
+    if counts.size and counts.max() > limit:
+        index = int(np.argmax(counts > limit))
+        raise diagnosis.sequence_too_long(int(counts[index]), limit,
+                                          f" in row {split.row(index)} of the {description} dataset")
+
+
+def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
+    """A classifier trained on one class only learns to predict that class."""
+    column = pipeline.label_column(split.table)
+    if pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS) or pipeline.task.classes is None \
+            or column is None or split.table.num_rows < 2:
+        return
+    values, _ = tables.flatten(split.column(column)[0], column)
+    used = np.unique(values[values != IGNORE_INDEX])
+    if used.size == 1:
+        raise diagnosis.Finding(
+            f"every label of the training dataset is {used[0]}: the model can only learn to predict that class",
+            "check the label column and any filtering, sorting or slicing that kept a single class",
+        )
+
+
+def check_finite(description: str, table: pa.Table, dataset_row: Callable[[int], int] = int) -> None:
+    """NaN or infinite numbers in inputs or labels turn the loss into NaN at the first step that meets them.
+
+    `dataset_row` gives the dataset row of each row of `table` (rows spread over the split)."""
+    for column in table.column_names:
+        column_type = table.schema.field(column).type
+        if not tables.is_numeric(column_type):
+            continue
+        values, row_of = tables.flatten(table, column)
+        if values.dtype.kind != "f":
+            continue
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            index = int(bad[0])
+            row = dataset_row(row_of(index))
+            raise diagnosis.PipelineFailure(
+                f"column {column!r} of the {description} dataset holds {values[index]} in row {row} "
+                f"({bad.size} non-finite values in all): the loss becomes NaN where it meets them",
+                "drop or repair those rows before training (dataset.filter(...))",
+            )
+
+
+def check_batch_tokens(pipeline: Pipeline, batch: dict) -> None:
+    """Token ids of the batch are rows of the input embedding (where the collator itself tokenizes, say)."""
+    import torch
+
+    rows = model_facts.vocabulary_rows(pipeline.model)
+    if rows is None:
+        return
+    for key in pipeline.task.token_columns:
+        ids = batch.get(key)
+        if torch.is_tensor(ids) and not ids.dtype.is_floating_point and ids.numel() and int(ids.max()) >= rows:
+            row = int(torch.nonzero(ids >= rows)[0][0])
+            where = f" in row {row} of the first batch the collator made ({key!r})"
+            raise diagnosis.token_beyond_vocabulary(int(ids.max()), rows, where)
+
+
+def label_problem(pipeline: Pipeline) -> diagnosis.PipelineFailure | None:
+    """Why labels crash the loss, read from the whole training split."""
+    return _first_failure(lambda: check_labels(pipeline, pipeline.training))
+
+
+def token_problem(pipeline: Pipeline) -> diagnosis.PipelineFailure | None:
+    """Why an embedding lookup is out of range: a token id or a position too large."""
+    return _first_failure(lambda: check_tokens(pipeline, pipeline.training)) or _first_failure(
+        lambda: check_batch_tokens(pipeline, pipeline.batches.first())
+    )
+
+
+def _first_failure(action: Callable[[], Any]) -> diagnosis.PipelineFailure | None:
+    """The failure a check of the data finds, if any; a check that cannot read the data finds none."""
+    try:
+        action()
+    except diagnosis.PipelineFailure as failure:
+        return failure
+    except Exception as error:
+        if diagnosis.part_of(error) is None:
+            raise
+    return None

@@ -1,0 +1,36 @@
+"""Every setting of a run, resolved (by `options`): what the lower layers read, with no pytest in sight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_trainer.devices import DEVICES
+
+#: Defaults of the settings (kept here: reading options imports no torch).
+OVERFIT_STEPS = 150
+EXAMPLES = 20
+TIMEOUT = 600.0
+SAMPLE = 256
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting, resolved; the defaults are those of a run with no option and no ini key."""
+
+    modules: tuple[Path, ...] = ()
+    script_args: tuple[str, ...] = ()
+    factory: str | None = None
+    #: The stages selected, in plan order (empty: every stage).
+    stages: tuple[str, ...] = ()
+    devices: tuple[str, ...] = DEVICES
+    overfit_steps: int = OVERFIT_STEPS
+    examples: int = EXAMPLES
+    timeout: float = TIMEOUT
+    sample: int = SAMPLE
+    batch_size: int = 0
+    #: GiB of GPU memory to forecast against (0: the GPU present, if any).
+    gpu_memory: float = 0.0
+    report: Path | None = None
+    baseline: Path | None = None
+    baseline_update: bool = False

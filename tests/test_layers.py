@@ -1,0 +1,167 @@
+"""The package's layers run one way: no module imports one of a higher layer, and no import circle.
+
+Every import between the package's modules counts, at the top of a module or inside a function, typing-only ones
+too. A new module must be given its layer here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pytest_trainer"
+
+#: Top to bottom. A module may import its own layer and the layers below it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("pytest_trainer", "pytest_trainer.plugin"),  # the public API and the hooks
+    ("pytest_trainer.items", "pytest_trainer.session", "pytest_trainer.options", "pytest_trainer.reporting"),
+    ("pytest_trainer.plan",),  # the items, ordered from the stages' declarations
+    ("pytest_trainer.loading", "pytest_trainer.script_errors"),  # running a script up to trainer.train()
+    ("pytest_trainer.stages",),  # the registry of stages and the runner of one
+    ("pytest_trainer.stages.*",),  # one module per stage, and what a stage is
+    ("pytest_trainer.data_checks", "pytest_trainer.task_checks", "pytest_trainer.explanations",
+     "pytest_trainer.strategies", "pytest_trainer.search", "pytest_trainer.memory", "pytest_trainer.accumulation"),
+    ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
+    ("pytest_trainer.families", "pytest_trainer.fed", "pytest_trainer.training", "pytest_trainer.losses",
+     "pytest_trainer.adapters"),  # trainer families, fed data, the shared training run, losses
+    ("pytest_trainer.tasks",),  # what a task's labels and inputs are
+    ("pytest_trainer.model_facts", "pytest_trainer.tables", "pytest_trainer.devices", "pytest_trainer.settings",
+     "pytest_trainer.diagnosis", "pytest_trainer.timeouts"),  # facts
+)
+
+
+def modules(package: Path) -> dict[str, Path]:
+    """Every module of the package by its dotted name."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `name` imports, wherever in the module the import is."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            targets = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known] or [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def layer_of(name: str, layers: tuple[tuple[str, ...], ...]) -> int | None:
+    for index, names in enumerate(layers):
+        if name in names or any(pattern.endswith(".*") and name.startswith(pattern[:-1]) for pattern in names):
+            return index
+    return None
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def problems(package: Path, layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Every module without a layer, every import of a higher layer, and every import circle."""
+    found_modules = modules(package)
+    known = set(found_modules)
+    graph = {name: imports(name, path, known) for name, path in found_modules.items()}
+    found = [f"{name} has no layer in tests/test_layers.py" for name in graph if layer_of(name, layers) is None]
+    for name, targets in sorted(graph.items()):
+        own = layer_of(name, layers)
+        for target in sorted(targets):
+            theirs = layer_of(target, layers)
+            if own is not None and theirs is not None and theirs < own:
+                found.append(f"{name} imports {target}, of a higher layer")
+    found += [f"import circle: {' -> '.join(circle)}" for circle in circles(graph)]
+    return found
+
+
+def test_the_package_layers_run_one_way() -> None:
+    assert problems(PACKAGE, LAYERS) == []
+
+
+def test_every_layer_names_modules_that_exist() -> None:
+    names = set(modules(PACKAGE))
+    missing = [name for layer in LAYERS for name in layer
+               if not name.endswith(".*") and name not in names]
+    assert missing == []
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"low.py": "from pkg import high\n", "high.py": "from pkg import low\n"},
+     ["pkg.low imports pkg.high, of a higher layer", "import circle: pkg.high -> pkg.low"]),
+    ({"low.py": "def f():\n    from pkg.high import thing\n", "high.py": ""},
+     ["pkg.low imports pkg.high, of a higher layer"]),
+    ({"low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import high\n", "high.py": ""},
+     ["pkg.low imports pkg.high, of a higher layer"]),
+    ({"low.py": "", "high.py": "from pkg.low import x\n", "stray.py": ""},
+     ["pkg.stray has no layer in tests/test_layers.py"]),
+    ({"low.py": "", "high.py": "from pkg import low\n"}, []),
+])
+def test_the_check_finds_upward_imports_circles_and_unplaced_modules(
+        tmp_path: Path, files: dict[str, str], expected: list[str]) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, text in files.items():
+        (package / name).write_text(text)
+    assert problems(package, (("pkg", "pkg.high"), ("pkg.low",))) == expected
+
+
+def test_loading_the_plugin_and_its_plan_imports_nothing_heavy() -> None:
+    """`pytest --help` in a repository that does not use the plugin stays fast: the stages' declarations are read,
+    their checks' libraries are not imported."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "numpy", "pyarrow", "hypothesis", "transformers", "datasets")
+    code = ("import sys, pytest_trainer.plugin, pytest_trainer.plan\n"
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=PACKAGE.parent)
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr
