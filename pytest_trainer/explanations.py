@@ -12,6 +12,7 @@ explains (`explain`).
 
 from __future__ import annotations
 
+import math
 import re
 import types
 from collections.abc import Callable, Sequence
@@ -570,12 +571,13 @@ def _grpo_groups(match: re.Match[str], error: BaseException) -> Explained:
     batch, generations = int(match.group(2)), int(match.group(3))
     divisors = [str(number) for number in range(2, batch + 1) if batch % number == 0]
     multiple = generations * max(1, -(-batch // generations))
+    whole = math.lcm(generations, batch)  # generation_batch_size holds whole groups and whole training batches
     return Explained(
         f"GRPO samples num_generations={generations} completions of each prompt and scores them as a group, so a "
         f"generation batch must hold whole groups, but it holds {batch} completions "
         "(per_device_train_batch_size x gradient_accumulation_steps x processes, or generation_batch_size)",
         f"make the generation batch a multiple of {generations} (e.g. per_device_train_batch_size={multiple} or "
-        f"generation_batch_size={multiple})"
+        f"generation_batch_size={whole})"
         + (f", or set num_generations to a divisor of {batch} ({', '.join(divisors)})" if divisors else ""),
     )
 

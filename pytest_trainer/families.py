@@ -1,8 +1,9 @@
 """Trainer families: how each kind of Trainer makes its batches, takes its loss, and what it calls a label.
 
 The plain `Trainer`, `Seq2SeqTrainer`, TRL's `SFTTrainer`, its preference trainers (DPO, reward, KTO, ORPO, CPO)
-and its online RL trainers (GRPO, RLOO) feed and score a model in their own ways. A stage never asks which trainer it has: it asks the pipeline's
-`Family`. A new kind of trainer plugs in as one class here, listed in `FAMILIES`.
+and its online RL trainers (GRPO, RLOO) feed and score a model in their own ways. A stage never asks which
+trainer it has: it asks the pipeline's `Family`. A new kind of trainer plugs in as one class here, listed in
+`FAMILIES`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, model_facts, tasks
+from pytest_trainer import diagnosis, model_facts, tasks, training
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +66,14 @@ class Family:
     def prediction_settings(self, trainer: Trainer) -> dict[str, Any]:
         """Keyword arguments the trainer's evaluation passes to its prediction step."""
         return {}
+
+    def predict(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any], device: str,
+                generate: bool = True) -> tuple[Any, Any, Any]:
+        """(loss, logits, labels) of the trainer's own prediction step on a batch on `device`, as its evaluation takes
+        it (with `generate`, the generation settings of its evaluation too)."""
+        settings = self.prediction_settings(trainer) if generate else {}
+        with training.inputs_on(trainer, device):
+            return trainer.prediction_step(model, batch, prediction_loss_only=False, **settings)  # type: ignore[no-any-return]
 
 
 class Seq2Seq(Family):

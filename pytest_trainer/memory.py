@@ -204,19 +204,20 @@ def _step(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], opt
     optimizer.zero_grad(set_to_none=True)
 
 
-def eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any]) -> int:
+def eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], device: str) -> int:
     """Bytes the Trainer keeps per evaluation row when it gathers predictions for compute_metrics.
 
     What it keeps are the model's outputs but the loss (through preprocess_logits_for_metrics when set),
     and the labels; computed on fake tensors where the pipeline runs on them, else for real.
     """
     try:
-        return _eval_outputs_per_row(pipeline, model, batch, fake=True)
+        return _eval_outputs_per_row(pipeline, model, batch, device, fake=True)
     except Exception:  # as in training_step
-        return _eval_outputs_per_row(pipeline, model, batch, fake=False)
+        return _eval_outputs_per_row(pipeline, model, batch, device, fake=False)
 
 
-def _eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], fake: bool) -> int:
+def _eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], device: str,
+                          fake: bool) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -229,7 +230,7 @@ def _eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dic
                   for key, value in batch.items()}
         try:
             with diagnosis.pipeline_part("the Trainer's prediction step"):
-                _, logits, labels = trainer.prediction_step(model, inputs, prediction_loss_only=False)
+                _, logits, labels = pipeline.family.predict(trainer, model, inputs, device, generate=False)
             preprocess: Any = trainer.preprocess_logits_for_metrics
             if logits is not None and preprocess is not None:
                 with diagnosis.pipeline_part("preprocess_logits_for_metrics"):

@@ -144,6 +144,6 @@ def detect(model: Any) -> Task:
         if problem == "multi_label_classification":
             return Task(f"{name} (multi-label)", MULTI_HOT, sequence)
         # A text head is rebuilt with AutoModelForSequenceClassification; an image or audio one with its own class.
-        auto_class = "AutoModelForSequenceClassification" if kind.endswith("ForSequenceClassification") else kind
+        auto_class = "AutoModelForSequenceClassification" if main == "input_ids" else kind
         return Task(name, CLASS, sequence, classes=classes, auto_class=auto_class)
     return Task(f"a {kind}", UNKNOWN, sequence)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -346,3 +346,30 @@ def holding(trainer: Trainer, model: torch.nn.Module, optimizer: Any, scheduler:
         yield
     finally:
         trainer.model, trainer.optimizer, trainer.lr_scheduler = saved
+
+
+@contextmanager
+def inputs_on(trainer: Trainer, device: str) -> Iterator[None]:
+    """The Trainer's own code with the inputs it prepares placed on `device` instead of its own (`args.device`).
+
+    The Trainer moves every batch to the one device it trains on; an item on another device (the CPU items of a
+    machine with a GPU) runs the Trainer's prediction step on its own device.
+    """
+    import torch
+
+    if torch.device(trainer.args.device).type == device:
+        yield
+        return
+
+    def placed(data: Any) -> Any:
+        if isinstance(data, Mapping):
+            return type(data)({key: placed(value) for key, value in data.items()})  # type: ignore[call-arg]
+        if isinstance(data, (tuple, list)):
+            return type(data)(placed(value) for value in data)
+        return data.to(device) if torch.is_tensor(data) else data
+
+    trainer._prepare_input = placed  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del trainer._prepare_input  # the class's own method again

@@ -10,7 +10,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, model_facts
+from pytest_trainer import diagnosis
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.tasks import IGNORE_INDEX
 
@@ -55,7 +55,7 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]
     for batch in batches:
         batch = {name: value.to(device) if torch.is_tensor(value) else value for name, value in batch.items()}
         with torch.no_grad(), diagnosis.pipeline_part("the Trainer's prediction step"):
-            _, logits, label_ids = _prediction_step(pipeline, model, batch, device)
+            _, logits, label_ids = pipeline.family.predict(trainer, model, batch, device)
         if logits is not None and trainer.preprocess_logits_for_metrics is not None:
             with diagnosis.pipeline_part("preprocess_logits_for_metrics"):
                 logits = trainer.preprocess_logits_for_metrics(logits, label_ids)
@@ -95,16 +95,6 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]
             "return plain finite numbers (float(...)); guard divisions by zero",
         )
     return {name: float(value) for name, value in metrics.items()}
-
-
-def _prediction_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], device: str) -> tuple[Any, Any, Any]:
-    """The Trainer's own prediction step where it places inputs on this device; the same by hand elsewhere."""
-    trainer = pipeline.trainer
-    if trainer.args.device.type == device:
-        return trainer.prediction_step(model, batch, prediction_loss_only=False,
-                                       **pipeline.family.prediction_settings(trainer))
-    loss, outputs = pipeline.loss(model, batch)
-    return loss, model_facts.logits_of(outputs), batch.get("labels")
 
 
 def _holds_ignore_index(prediction: Any) -> bool:

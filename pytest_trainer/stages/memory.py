@@ -120,7 +120,7 @@ def _evaluation(pipeline: Pipeline, model: Any, step: memory.Forecast, device: s
         return None
     per_device = int(args.per_device_eval_batch_size)
     batch, _ = longest_batch(pipeline, split, per_device, device)
-    per_row = memory.eval_outputs_per_row(pipeline, model, batch)
+    per_row = memory.eval_outputs_per_row(pipeline, model, batch, device)
     try:  # the Trainer gathers every row of the split, not only the ones the plugin read
         rows = len(split.given)
     except TypeError:  # a stream: the rows read

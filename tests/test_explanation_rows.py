@@ -1,0 +1,254 @@
+"""The table of known errors (`pytest_trainer.explanations`), fed the real errors the real libraries raise.
+
+Pinned: each SCRIPT row turns the error transformers, TRL or PEFT raises while a script builds its Trainer into a
+cause that names the script's own settings and a fix that the library then accepts; an error no row knows keeps its
+own message (None); every row of the table is documented (name, the message users see, the stage it surfaces in), and
+a row's pattern matches the message it shows where that message is the library's literal one.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trl
+from datasets import Dataset, IterableDataset
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DataCollatorForLanguageModeling,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Trainer,
+    TrainingArguments,
+)
+
+from pytest_trainer import explanations
+from pytest_trainer.explanations import Explained
+from pytest_trainer.stages import registry
+
+#: Rows whose `seen` text is cut short of the part of the message their pattern needs (the README shows the start
+#: of the message only); their patterns are checked against the libraries' real messages below instead.
+SEEN_CUT_SHORT = {
+    "load_best_model_at_end with save and eval at different times",
+    "load_best_model_at_end with save steps not a multiple of eval steps",
+}
+
+
+def raised(build: Any) -> BaseException:
+    """The error `build()` raises."""
+    with pytest.raises(Exception) as error:
+        build()
+    return error.value
+
+
+def explained(build: Any) -> Explained:
+    found = explanations.explain_script(raised(build))
+    assert found is not None, "no row explains the error"
+    return found
+
+
+def suggested(name: str, fix: str) -> str:
+    """The value a fix suggests for a setting: `name=value` in its text."""
+    found = re.search(rf"\b{name}=('?)([\w.]+)\1", fix)
+    assert found is not None, f"the fix suggests no {name}: {fix}"
+    return found.group(2)
+
+
+def llama() -> LlamaForCausalLM:
+    return LlamaForCausalLM(LlamaConfig(vocab_size=30, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+
+
+def tokenizer(mask: bool = False) -> PreTrainedTokenizerFast:
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[MASK]": 2, "</s>": 3, "a": 4, "b": 5}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = {"pad_token": "[PAD]", "unk_token": "[UNK]", "eos_token": "</s>"}
+    return PreTrainedTokenizerFast(tokenizer_object=core, **special, **({"mask_token": "[MASK]"} if mask else {}))
+
+
+# ---- TrainingArguments ----------------------------------------------------------------------------------------
+
+
+def test_best_model_with_other_save_and_eval_strategies_names_both_and_the_fix(tmp_path: Path) -> None:
+    settings: dict[str, Any] = dict(output_dir=str(tmp_path), load_best_model_at_end=True, eval_strategy="steps",
+                                    eval_steps=4, report_to="none")
+    found = explained(lambda: TrainingArguments(**settings, save_strategy="epoch"))
+    assert "'steps'" in found.cause and "'epoch'" in found.cause
+    assert "save_strategy" in found.fix
+    TrainingArguments(**settings, save_strategy=suggested("save_strategy", found.fix), save_steps=4)  # accepted
+
+
+def test_best_model_with_evaluation_by_epoch_and_saving_by_steps(tmp_path: Path) -> None:
+    settings: dict[str, Any] = dict(output_dir=str(tmp_path), load_best_model_at_end=True, eval_strategy="epoch",
+                                    report_to="none")
+    found = explained(lambda: TrainingArguments(**settings, save_strategy="steps"))
+    assert "'epoch'" in found.cause and "'steps'" in found.cause
+    TrainingArguments(**settings, save_strategy=suggested("save_strategy", found.fix))
+
+
+def test_best_model_with_save_steps_not_a_multiple_of_eval_steps(tmp_path: Path) -> None:
+    settings: dict[str, Any] = dict(output_dir=str(tmp_path), load_best_model_at_end=True, eval_strategy="steps",
+                                    save_strategy="steps", report_to="none")
+    found = explained(lambda: TrainingArguments(**settings, eval_steps=3, save_steps=5))
+    assert re.search(r"\b5\b", found.cause) and re.search(r"\b3\b", found.cause)
+    save_steps = int(suggested("save_steps", found.fix))
+    TrainingArguments(**settings, eval_steps=3, save_steps=save_steps)
+    TrainingArguments(**settings, eval_steps=int(suggested("eval_steps", found.fix)), save_steps=5)
+
+
+def test_error_no_row_knows_keeps_its_own_message(tmp_path: Path) -> None:
+    error = raised(lambda: TrainingArguments(output_dir=str(tmp_path), lr_scheduler_type="no such schedule"))
+    assert explanations.explain_script(error) is None
+
+
+def test_rows_that_read_any_message_explain_only_errors_of_their_library() -> None:
+    assert explanations.explain_script(KeyError("chosen")) is None  # raised by no TRL trainer
+    assert explanations.explain_script(ValueError("")) is None
+
+
+# ---- Trainer, collators, PEFT, TRL ----------------------------------------------------------------------------
+
+
+def test_stream_without_max_steps_is_explained_and_max_steps_fixes_it(tmp_path: Path) -> None:
+    def rows() -> Any:
+        yield {"input_ids": [1, 2, 3], "label": 0}
+
+    stream = IterableDataset.from_generator(rows)
+    model = BertForSequenceClassification(BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=32))
+
+    def build(**more: Any) -> Trainer:
+        return Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), report_to="none", **more),
+                       train_dataset=stream)
+
+    found = explained(build)
+    assert "max_steps" in found.fix
+    build(max_steps=1)
+
+
+def test_masked_lm_collator_without_a_mask_token_is_explained_and_mlm_false_fixes_it() -> None:
+    found = explained(lambda: DataCollatorForLanguageModeling(tokenizer(mask=False)))
+    assert "mask token" in found.cause
+    assert "mlm=False" in found.fix
+    DataCollatorForLanguageModeling(tokenizer(mask=False), mlm=False)
+
+
+def test_lora_targets_missing_from_the_model_name_the_model_s_linear_modules() -> None:
+    import peft
+
+    model = llama()
+    found = explained(lambda: peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["query", "value"])))
+    listed = found.cause.split("its linear modules are ", 1)[1].split(", ")
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    assert {"q_proj", "v_proj"} <= set(listed) <= names
+    assert "target_modules" in found.fix
+
+
+def test_policy_given_as_its_own_reference_is_explained(tmp_path: Path) -> None:
+    model = llama()
+    pairs = Dataset.from_dict({"prompt": ["a"], "chosen": [" a"], "rejected": [" b"]})
+    found = explained(lambda: trl.DPOTrainer(
+        model=model, ref_model=model, args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False),
+        train_dataset=pairs, processing_class=tokenizer()))
+    assert "ref_model" in found.cause
+    assert "copy.deepcopy(model)" in found.fix
+
+
+def test_reference_model_from_a_config_built_policy_is_explained(tmp_path: Path) -> None:
+    pairs = Dataset.from_dict({"prompt": ["a"], "chosen": [" a"], "rejected": [" b"]})
+    found = explained(lambda: trl.DPOTrainer(
+        model=llama(), args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False),
+        train_dataset=pairs, processing_class=tokenizer()))
+    assert "reference model" in found.cause
+    assert "ref_model=" in found.fix
+
+
+def test_trl_dataset_in_another_format_names_its_columns_and_the_trainer_s_format(tmp_path: Path) -> None:
+    pairs = Dataset.from_dict({"question": ["a"], "good": [" a"], "bad": [" b"]})
+    model = llama()
+    found = explained(lambda: trl.DPOTrainer(
+        model=model, ref_model=copy.deepcopy(model), train_dataset=pairs, processing_class=tokenizer(),
+        args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False)))
+    assert all(column in found.cause for column in ("'question'", "'good'", "'bad'"))
+    assert "DPOTrainer" in found.cause and "'chosen'" in found.cause
+
+
+def grpo(tmp_path: Path, **settings: Any) -> trl.GRPOConfig:
+    return trl.GRPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False, **settings)
+
+
+def test_grpo_generations_that_do_not_divide_the_batch_name_both_numbers(tmp_path: Path) -> None:
+    found = explained(lambda: grpo(tmp_path, per_device_train_batch_size=6, num_generations=8))
+    assert "num_generations=8" in found.cause
+    assert re.search(r"\b6 completions\b", found.cause)
+
+
+def test_grpo_fix_batch_size_and_divisors_are_accepted(tmp_path: Path) -> None:
+    found = explained(lambda: grpo(tmp_path, per_device_train_batch_size=6, num_generations=8))
+    grpo(tmp_path, per_device_train_batch_size=int(suggested("per_device_train_batch_size", found.fix)),
+         num_generations=8)
+    divisors = re.search(r"divisor of \d+ \(([\d, ]+)\)", found.fix)
+    assert divisors is not None
+    for generations in divisors.group(1).split(", "):
+        grpo(tmp_path, per_device_train_batch_size=6, num_generations=int(generations))
+
+
+def test_grpo_fix_generation_batch_size_is_accepted(tmp_path: Path) -> None:
+    found = explained(lambda: grpo(tmp_path, per_device_train_batch_size=6, num_generations=8))
+    grpo(tmp_path, per_device_train_batch_size=6, num_generations=8,
+         generation_batch_size=int(suggested("generation_batch_size", found.fix)))
+
+
+# ---- the table itself -----------------------------------------------------------------------------------------
+
+
+ROWS = explanations.table_rows()
+
+
+def message_of(seen: str) -> str:
+    """The message as `str(error)` gives it: the seen text without its leading exception type."""
+    return re.sub(r"^\w+(Error|Exception): ", "", seen)
+
+
+def test_table_holds_every_pipeline_row_then_every_script_row() -> None:
+    assert list(ROWS) == [*explanations.PIPELINE, *explanations.SCRIPT]
+    assert explanations.PIPELINE and explanations.SCRIPT
+
+
+def test_row_names_are_distinct() -> None:
+    names = [row.name for row in ROWS]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
+def test_every_row_shows_its_message_and_the_stage_it_surfaces_in(row: explanations.Row) -> None:
+    assert row.name.strip()
+    assert row.seen.strip()
+    assert row.stage in registry()
+
+
+@pytest.mark.parametrize("row", explanations.SCRIPT, ids=lambda row: row.name)
+def test_script_rows_surface_while_the_script_loads(row: explanations.Row) -> None:
+    assert row.stage == "load"
+
+
+@pytest.mark.parametrize("row", [row for row in ROWS if row.pattern.pattern and row.name not in SEEN_CUT_SHORT],
+                         ids=lambda row: row.name)
+def test_a_row_s_pattern_matches_the_message_it_shows(row: explanations.Row) -> None:
+    assert row.pattern.search(message_of(row.seen)), f"{row.pattern.pattern!r} misses {row.seen!r}"
+
+
+def test_rows_whose_seen_text_is_cut_short_are_still_in_the_table_and_still_cut_short() -> None:
+    by_name = {row.name: row for row in ROWS}
+    for name in SEEN_CUT_SHORT:
+        assert name in by_name, f"{name!r} is no longer a row: drop it from SEEN_CUT_SHORT"
+        assert not by_name[name].pattern.search(message_of(by_name[name].seen)), (
+            f"{name!r} now matches its seen text: drop it from SEEN_CUT_SHORT")
+
