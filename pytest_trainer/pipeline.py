@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 
 class Pipeline:
+    """One Trainer of this process as the stages see it: loaded once, shared by its items."""
+
     def __init__(self, trainer: Trainer, name: str, settings: Settings | None = None) -> None:
         self.trainer = trainer
         self.name = name

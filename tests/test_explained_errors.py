@@ -285,7 +285,7 @@ def test_errors_while_the_script_builds_its_trainer_are_shown_with_their_cause(p
         result.stdout.fnmatch_lines([line])
     result.stdout.fnmatch_lines([
         "*fix: make the generation batch a multiple of 8 (e.g. per_device_train_batch_size=8 or "
-        "generation_batch_size=8), or set num_generations to a divisor of 6 (2, 3, 6)",
+        "generation_batch_size=24), or set num_generations to a divisor of 6 (2, 3, 6)",
         "*fix: pass ref_model=copy.deepcopy(model)*",
         "*fix: for a causal LM pass DataCollatorForLanguageModeling(tokenizer, mlm=False)*",
         "*fix: save when you evaluate: save_strategy='steps'*",
