@@ -121,9 +121,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             session.block(_pipeline_key(item), ALL, ALL, f"not run: the Trainer did not load (see {step.name})")
         elif getattr(error, "blocks", True):  # a finding that leaves training working blocks nothing
             session.block(_pipeline_key(item), step.device, step.stage, f"blocked by {step.name}")
-    if report.skipped and isinstance(item, StageItem) and isinstance(report.longrepr, tuple):
-        path, line, _ = item.reportinfo()  # a skip points at the script, not at the plugin's source
-        report.longrepr = (str(path), line + 1, report.longrepr[2])
+    if report.skipped and isinstance(report.longrepr, tuple):
+        path, line, _ = item.reportinfo()  # a skip points at the script or the marked test, not the plugin's source
+        report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
     report.user_properties.append((reporting.PROPERTY, _facts(item, step, call)))
     return report
 

@@ -51,6 +51,21 @@ def test_marker_with_conftest_trainer(project: pytest.Pytester) -> None:
     ])
 
 
+def test_a_stage_that_does_not_apply_is_skipped_at_the_marked_test(project: pytest.Pytester) -> None:
+    """The skip names the marked test's file and line, not a file of the plugin."""
+    write(project, "conftest.py", CONFTEST.replace("{lr}", "1e-3"))
+    write(project, "test_pipeline.py", """
+        import pytest
+
+        @pytest.mark.trainer_pipeline(stages=["targets"], devices=["cpu"])
+        def test_pipeline(trainer_stage):
+            trainer_stage.run()
+    """)
+    result = project.runpytest("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_pipeline.py:*: text classification: no causal-LM supervision*"])
+
+
 def test_marker_failure_blocks_later_stages_of_that_test(project: pytest.Pytester) -> None:
     write(project, "conftest.py", CONFTEST.replace("{lr}", "0.0").replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
     write(project, "test_pipeline.py", TESTS)
