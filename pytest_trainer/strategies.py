@@ -124,15 +124,28 @@ def padding_pairs(draw: st.DrawFn, trainer: Trainer | Pipeline) -> tuple[int, in
 
 
 def resize(row: dict[str, Any], length: int, pipeline: Pipeline) -> dict[str, Any]:
-    """The row with every per-token column cut or repeated to `length` tokens (each choice's, under a choices axis)."""
+    """The row with every per-token column cut or repeated to `length` tokens (each choice's, under a choices axis).
+
+    A row that ends with a special token (`[SEP]`, `</s>`) keeps it at its end, as a tokenizer's truncation does:
+    some models (BART's and T5's classification heads) read their prediction off the end-of-sequence token.
+    """
     sequence = _plain(row[pipeline.task.sequence or ""])
+    kept = _kept_end(sequence, pipeline)
     resized = {}
     for key, value in row.items():
         plain = _plain(value)
-        resized[key] = _resized(plain, length) if _same_shape(plain, sequence) else value
+        resized[key] = _resized(plain, length, kept) if _same_shape(plain, sequence) else value
         if key in pipeline.task.positions and isinstance(plain, int) and plain >= length:
             resized[key] = 0  # an answer cut off points at [CLS], as the question-answering example does
     return resized
+
+
+def _kept_end(sequence: Any, pipeline: Pipeline) -> int:
+    """1 when the token sequence (the first choice's, under a choices axis) ends with a special token, else 0."""
+    while isinstance(sequence, list) and sequence and isinstance(sequence[0], list):
+        sequence = sequence[0]
+    special = getattr(getattr(pipeline.trainer, "processing_class", None), "all_special_ids", None) or []
+    return int(isinstance(sequence, list) and len(sequence) > 1 and sequence[-1] in special)
 
 
 def _plain(value: Any) -> Any:
@@ -148,10 +161,13 @@ def _same_shape(value: Any, sequence: Any) -> bool:
     return not value or not isinstance(value[0], list)
 
 
-def _resized(value: list[Any], length: int) -> list[Any]:
+def _resized(value: list[Any], length: int, kept: int = 0) -> list[Any]:
     if value and isinstance(value[0], list):
-        return [_resized(item, length) for item in value]
-    return (value * (length // max(len(value), 1) + 1))[:length]
+        return [_resized(item, length, kept) for item in value]
+    body, end = (value[:-kept], value[-kept:]) if kept and len(value) > kept else (value, [])
+    if length <= len(end):
+        return end[-length:]
+    return (body * ((length - len(end)) // max(len(body), 1) + 1))[:length - len(end)] + end
 
 
 def require_sequences(pipeline: Pipeline) -> None:

@@ -132,9 +132,7 @@ def detect(model: Any) -> Task:
         return Task("causal language modelling", TOKEN_IDS, sequence, shifts_labels=True)
     if kind.endswith(("ForMaskedLM", "ForPreTraining")):
         return Task("masked language modelling", TOKEN_IDS, sequence)
-    if getattr(config, "is_encoder_decoder", False) or kind.endswith(("ForConditionalGeneration", "Seq2SeqLM")):
-        return Task("sequence to sequence", DECODER_TARGETS, sequence)
-    if kind.endswith("Classification"):
+    if kind.endswith("Classification"):  # an encoder-decoder's classifier too (BART, T5)
         problem = getattr(config, "problem_type", None)
         name = {"input_ids": "text classification", "pixel_values": "image classification"}.get(
             main, "audio classification" if main.startswith("input_") else "classification"
@@ -146,4 +144,6 @@ def detect(model: Any) -> Task:
         # A text head is rebuilt with AutoModelForSequenceClassification; an image or audio one with its own class.
         auto_class = "AutoModelForSequenceClassification" if main == "input_ids" else kind
         return Task(name, CLASS, sequence, classes=classes, auto_class=auto_class)
+    if getattr(config, "is_encoder_decoder", False) or kind.endswith(("ForConditionalGeneration", "Seq2SeqLM")):
+        return Task("sequence to sequence", DECODER_TARGETS, sequence)
     return Task(f"a {kind}", UNKNOWN, sequence)

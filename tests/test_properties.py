@@ -72,7 +72,7 @@ def test_collator_that_breaks_on_short_rows_fails_lengths_with_the_shortest(proj
     result = run_script(project, "--trainer-stages=lengths")
     assert failures(result) == ["lengths[cpu]"]
     result.stdout.fnmatch_lines(["lengths[[]cpu[]] failed: row* resized to 1 token fail: IndexError: *",
-                                 "*shortest failing row as text: '[[]CLS[]]'*"])
+                                 "*shortest failing row as text: '[[]SEP[]]'*"])  # its end token kept, as truncation keeps it
 
 
 def test_missing_attention_mask_fails_padding(project: pytest.Pytester) -> None:

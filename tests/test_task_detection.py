@@ -162,10 +162,6 @@ def test_class_a_fix_names_rebuilds_an_audio_classifier(tmp_path: Path) -> None:
     assert type(rebuilt) is type(model)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="an encoder-decoder's classification head (BART, T5 ...ForSequenceClassification) is taken "
-                   "for sequence to sequence: is_encoder_decoder is checked before the class name, so its class-id "
-                   "labels are called decoder targets and no head width is known")
 def test_encoder_decoder_classifier_has_class_labels() -> None:
     model = BartForSequenceClassification(BartConfig(
         vocab_size=30, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
