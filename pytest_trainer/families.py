@@ -130,15 +130,15 @@ class Preference(Family):
 
 
 def logged_preferences(trainer: Any) -> dict[str, float]:
-    """The last chosen and rejected log-probabilities and rewards a preference trainer logged (TRL's metrics)."""
-    logged = getattr(trainer, "_metrics", None)
-    if not isinstance(logged, dict):
-        return {}
+    """The last chosen and rejected log-probabilities and rewards a preference trainer logged: TRL's metrics
+    (`_metrics`; `_stored_metrics` for ORPO and CPO), by mode then name, each a list of the values logged."""
     figures: dict[str, float] = {}
-    for metrics in logged.values():
-        for name, values in (metrics.items() if isinstance(metrics, dict) else ()):
-            if name.split("/")[0] in ("logps", "rewards") and isinstance(values, list) and values:
-                figures[name.replace("/", "_")] = float(values[-1])
+    for store in ("_metrics", "_stored_metrics"):
+        logged = getattr(trainer, store, None)
+        for metrics in (logged.values() if isinstance(logged, dict) else ()):
+            for name, values in (metrics.items() if isinstance(metrics, dict) else ()):
+                if name.split("/")[0] in ("logps", "rewards") and isinstance(values, list) and values:
+                    figures[name.replace("/", "_")] = float(values[-1])
     return figures
 
 

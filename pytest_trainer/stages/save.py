@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, training
+from pytest_trainer import diagnosis, model_facts, training
 from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
@@ -152,7 +152,10 @@ def _compare_reloaded(pipeline: Pipeline, model: Any, batch: dict[str, Any], fol
         reloaded.to(device).eval()
         how = f"{type(model).__name__}.from_pretrained"
         lost = sorted(info.get("missing_keys", ()))
-        expected, found = _forward_outputs(model, batch), _forward_outputs(reloaded, batch)
+        if model_facts.main_input(model) in batch:
+            expected, found = _forward_outputs(model, batch), _forward_outputs(reloaded, batch)
+        else:  # the trainer builds the model's inputs from columns of its own (preference pairs): through its loss
+            expected, found = _outputs(pipeline, model, batch), _outputs(pipeline, reloaded, batch)
         shared = set(expected) & set(found)
         if shared:
             _same_outputs({key: expected[key] for key in shared}, found, how, lost)
