@@ -141,11 +141,13 @@ def resize(row: dict[str, Any], length: int, pipeline: Pipeline) -> dict[str, An
 
 
 def _kept_end(sequence: Any, pipeline: Pipeline) -> int:
-    """1 when the token sequence (the first choice's, under a choices axis) ends with a special token, else 0."""
+    """1 when the token sequence (the first choice's, under a choices axis) ends with a special token other than
+    padding (a row padded when tokenized ends with pad ids, which resizing cuts or repeats like any token), else 0."""
     while isinstance(sequence, list) and sequence and isinstance(sequence[0], list):
         sequence = sequence[0]
-    special = getattr(getattr(pipeline.trainer, "processing_class", None), "all_special_ids", None) or []
-    return int(isinstance(sequence, list) and len(sequence) > 1 and sequence[-1] in special)
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    ends = set(getattr(tokenizer, "all_special_ids", None) or []) - {getattr(tokenizer, "pad_token_id", None)}
+    return int(isinstance(sequence, list) and len(sequence) > 1 and sequence[-1] in ends)
 
 
 def _plain(value: Any) -> Any:

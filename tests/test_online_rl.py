@@ -66,3 +66,19 @@ def test_a_nan_in_a_column_grpo_feeds_its_reward_functions_fails_dataset(project
     result = run_script(project)
     assert failures(result) == ["dataset[cpu]"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*'reward_bonus'*nan*"])
+
+
+def test_a_marked_test_asking_a_grpo_pipeline_for_its_batch_is_skipped_with_the_reason(
+        project: pytest.Pytester) -> None:
+    project.makepyfile(lm=LM)
+    write(project, "train.py", GRPO)
+    write(project, "test_grpo.py", """
+        import pytest
+
+        @pytest.mark.trainer_pipeline(module="train.py", stages=["dataset"], devices=["cpu"])
+        def test_batch(trainer_stage, train_batch):
+            assert train_batch
+    """)
+    result = project.runpytest("test_grpo.py", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines([f"SKIPPED*{NOT_SAMPLED}*"])

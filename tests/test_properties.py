@@ -151,3 +151,15 @@ def test_model_and_tokenizer_disagreeing_on_the_pad_token_fail_padding(project: 
         "padding[[]cpu[]] failed: the model's config.pad_token_id is 1 but the tokenizer pads with 0*",
         "*fix: model.config.pad_token_id = tokenizer.pad_token_id*",
     ])
+
+
+def test_rows_padded_when_tokenized_pass_lengths_and_padding(project: pytest.Pytester) -> None:
+    """A row tokenized with padding='max_length' ends with pad ids: resizing it keeps no pad as its end token."""
+    script = GOOD_SCRIPT.replace(
+        "tiny.tokenized(tiny.text_dataset(), tok)",
+        "tiny.text_dataset().map(lambda batch: tok(batch['text'], truncation=True, padding='max_length', "
+        "max_length=16), batched=True, remove_columns=['text'])")
+    assert script != GOOD_SCRIPT
+    write(project, "train.py", script)
+    result = run_script(project, "--trainer-stages=lengths,padding")
+    assert outcomes(result) == {"lengths[cpu]": "PASSED", "padding[cpu]": "PASSED"}, result.stdout.str()[-3000:]
