@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, model_facts, tasks, training
+from pytest_trainer import diagnosis, model_facts, sampling, tasks, training
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +32,10 @@ class Family:
     #: Why the trainer tokenizes and pads batches of its own, so that rows cannot be cut or padded one by one
     #: by the property stages (None: they can).
     builds_own_batches: str | None = None
+    #: The completions an online RL family sampled for its batch, and how they were scored (None for the others).
+    sampled: sampling.Sampled | None = None
+    #: What the overfit stage judges the fixed batch by: the loss, unless a family's loss cannot show learning.
+    judged_as = "loss"
 
     def task(self, model: Any) -> tasks.Task:
         """What the model is trained to do with the labels this family feeds it."""
@@ -57,6 +61,10 @@ class Family:
             result = trainer.compute_loss(model, dict(batch), return_outputs=True)
         loss, outputs = result if isinstance(result, tuple) else (result, None)
         return loss, outputs
+
+    def judged(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The figure that falls when the model learns the fixed batch (`judged_as`): the loss itself."""
+        return self.loss(trainer, model, batch)
 
     def after_forward(self, trainer: Trainer) -> tuple[dict[str, float], list[str]]:
         """Figures and notes of what the trainer logged while it took the loss of a batch (nothing for the plain
@@ -143,15 +151,21 @@ def logged_preferences(trainer: Any) -> dict[str, float]:
 
 
 class Online(Family):
-    """TRL's online RL trainers (GRPO, RLOO): a batch is a group of prompts; completions are sampled from the model
-    during training and scored by the reward functions. Until the plugin samples them itself, the stages that need
-    a batch skip with the reason, rather than take the prompts for a batch."""
+    """TRL's online RL trainers (GRPO, RLOO): a batch is a group of prompts, completions sampled from the model with
+    the script's generation settings, and their advantages, from the rewards the reward functions give them."""
 
     trainers = ("GRPOTrainer", "RLOOTrainer")
     name = "online RL trainer"
     builds_own_batches = "online RL samples its completions and scores them with its reward functions"
-    #: What is checked of these trainers today: the script loads, and its prompts as fed.
-    covered = ("load", "dataset")
+    judged_as = "negative log-likelihood of the completions with a positive advantage"
+    #: The stages that check these trainers; the others skip with the reason.
+    covered = ("load", "dataset", "collate", "targets", "forward", "backward", "step", "overfit", "labels", "lengths",
+               "padding")
+    #: The stages that step on the batch's gradient, which is zero where every advantage is.
+    stepping = ("backward", "step", "overfit")
+
+    def __init__(self) -> None:
+        self._no_signal: str | None = None
 
     def task(self, model: Any) -> tasks.Task:
         main = getattr(model_facts.base_model(model), "main_input_name", "input_ids")
@@ -160,17 +174,44 @@ class Online(Family):
                           more_token_columns=("prompt_ids", "completion_ids"))
 
     def draw(self, trainer: Trainer) -> dict[str, Any]:
-        """Its dataloader yields prompts, not a batch: a test that asks for one (the train_batch fixture) skips."""
-        import pytest
+        """The trainer's first generation batch: prompts drawn, completions sampled and scored, with a fixed seed."""
+        batch, self.sampled = sampling.sample(trainer)
+        if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by train(); the loss scales by it
+            trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+        advantages = batch.get("advantages")
+        if advantages is not None and not bool(advantages.abs().sum() > 0):
+            self._no_signal = (
+                f"every advantage of the sampled batch is 0: each prompt's {self.sampled.group} completions got the "
+                "same total reward, so the policy loss has no gradient to check (targets names the reward functions)"
+            )
+        return batch
 
-        pytest.skip(self.not_covered("collate") or "")
+    def loss(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The trainer's own policy loss of the sampled completions, weighted by their advantages."""
+        with diagnosis.pipeline_part("the policy loss (the trainer's compute_loss)"):
+            loss: torch.Tensor = trainer.compute_loss(model, dict(batch))  # type: ignore[assignment]
+        return loss, None
+
+    def judged(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The mean negative log-likelihood of the completions the rewards favour (a positive advantage): steps on
+        the batch raise their likelihood, while the policy loss itself stays near 0 by construction."""
+        import torch
+
+        prompt, completion = batch["prompt_ids"], batch["completion_ids"]
+        ids = torch.cat([prompt, completion], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with diagnosis.pipeline_part("the model's forward on the sampled completions"):
+            online: Any = trainer  # TRL's GRPO and RLOO trainers
+            logps = online._get_per_token_logps_and_entropies(model, ids, mask, completion.size(1))[0]
+        favoured = (batch["advantages"].reshape(len(ids), -1)[:, :1] > 0) & batch["completion_mask"].bool()
+        return -(logps * favoured).sum() / favoured.sum().clamp(min=1), None
 
     def not_covered(self, stage: str) -> str | None:
+        if stage in self.stepping and self._no_signal:
+            return self._no_signal
         if stage in self.covered:
             return None
-        return ("online RL (GRPO, RLOO) makes its batches by sampling completions from the model and "
-                "scoring them with the reward functions; pytest-trainer does not sample them yet, so it has no batch "
-                f"to check (checked: {', '.join(self.covered)})")
+        return f"online RL (GRPO, RLOO): pytest-trainer does not check {stage} of these trainers yet"
 
 
 #: The families, most specific first; a trainer none of them names is a plain Trainer.

@@ -124,8 +124,12 @@ class Pipeline:
         if run is None:
             model = self.model_on(device)
             self._starting_weights(model)
-            run = Trajectory(self.trainer, self.loss, model, self.batches.on(device), factor,
-                             lambda: self.starting_loss(device))
+            batch = self.batches.on(device)
+            if self.family.judged_as == "loss":
+                run = Trajectory(self.trainer, self.loss, model, batch, factor, lambda: self.starting_loss(device))
+            else:  # judged by a figure of its own, at the starting weights too
+                run = Trajectory(self.trainer, self.loss, model, batch, factor,
+                                 lambda: checked_loss(training.eval_loss(self.judged, model, batch)[0]), self.judged)
             self._runs[device] = run
         return run
 
@@ -151,6 +155,10 @@ class Pipeline:
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The trainer's own loss on `batch` (its family's way of taking it) and the model's outputs."""
         return self.family.loss(self.trainer, model, batch)
+
+    def judged(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The figure that falls as the model learns `batch` (the loss, unless the family says otherwise)."""
+        return self.family.judged(self.trainer, model, batch)
 
     def eval_loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The loss and the outputs in eval mode without gradients; the model's mode is put back."""

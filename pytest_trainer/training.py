@@ -149,8 +149,10 @@ class Trajectory:
     """
 
     def __init__(self, trainer: Trainer, loss_of: LossOf, model: torch.nn.Module, batch: dict[str, Any],
-                 factor: float, start_loss: Callable[[], float]) -> None:
+                 factor: float, start_loss: Callable[[], float], judge: LossOf | None = None) -> None:
         self.trainer, self.loss_of, self.model, self.batch, self.factor = trainer, loss_of, model, batch, factor
+        #: What the run is judged by in eval mode (`starting_loss`, `eval_loss`): the loss unless said otherwise.
+        self.judge = judge or loss_of
         self._start_loss = start_loss
         #: The loss of the batch at the starting weights, in eval mode (known before the first step).
         self.loss_before: float | None = None
@@ -269,9 +271,9 @@ class Trajectory:
         return value
 
     def eval_loss(self) -> float:
-        """The batch's loss at the current weights, in eval mode (NaN stays NaN)."""
+        """The batch's loss (or the figure the run is judged by) at the current weights, in eval mode; NaN stays NaN."""
         with self._seeded():
-            loss, _ = eval_loss(self.loss_of, self.model, self.batch)
+            loss, _ = eval_loss(self.judge, self.model, self.batch)
         return float(loss.detach().float())
 
     def close(self) -> None:

@@ -1,7 +1,6 @@
-"""Online RL (TRL's GRPO): its family is known, so a correct script is never failed for a batch it does not make.
-
-GRPO's dataloader yields prompts; the completions are sampled and scored inside training. Until the plugin samples
-them, the script's load and its prompts are checked and every stage that needs a batch skips with the reason.
+"""Online RL (TRL's GRPO and RLOO): the batch is made as the trainer makes it, prompts drawn, completions sampled
+with the script's generation settings and scored by its reward functions; the rewards are audited in `targets`,
+and the policy loss is checked through forward, backward, step and overfit.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ITEMS, failures, outcomes, run_script, write
+from conftest import failures, outcomes, run_script, write
 from task_scripts import LM
 from trl import GRPOTrainer  # noqa: F401  (imported once, before pytester's in-process runs)
 
@@ -32,30 +31,167 @@ GRPO = """
     trainer.train()
 """
 
-NOT_SAMPLED = "online RL (GRPO, RLOO) makes its batches by sampling completions from the model"
+#: The items that check an online RL script on the CPU; the others skip with their reason.
+CHECKED = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit")
+STEPPING = ("backward", "step", "overfit")
 
 
-def test_a_grpo_script_loads_its_prompts_are_checked_and_the_batch_stages_skip_with_the_reason(
-        project: pytest.Pytester) -> None:
+def checked(result: pytest.RunResult) -> dict[str, str]:
+    return {item: outcome for item, outcome in outcomes(result).items() if item[:-len("[cpu]")] in CHECKED}
+
+
+def run_grpo(project: pytest.Pytester, source: str, *args: str) -> tuple[pytest.RunResult, dict[str, dict]]:
     project.makepyfile(lm=LM)
-    write(project, "train.py", GRPO)
-    result = run_script(project, "--trainer-report=report.json")
-    assert failures(result) == [], result.stdout.str()[-4000:]
-    statuses = outcomes(result, load=True)
-    assert statuses.pop("load[cpu]") == "PASSED"
-    assert statuses.pop("dataset[cpu]") == "PASSED"
-    assert statuses == {f"{item}[cpu]": "SKIPPED" for item in ITEMS if item != "dataset"}
+    write(project, "train.py", source)
+    result = run_script(project, "--trainer-report=report.json", *args)
     report = json.loads((project.path / "report.json").read_text())["items"]
-    reasons = {item["stage"]: item["reason"] for item in report if item["outcome"] == "skipped"}
-    assert set(reasons) == set(ITEMS) - {"dataset"}
-    assert all(NOT_SAMPLED in reason for reason in reasons.values()), reasons
-    dataset = next(item for item in report if item["stage"] == "dataset")
-    assert "task: online RL (prompts, sampled completions, rewards)" in dataset["notes"]
+    return result, {item["stage"]: item for item in report if item["device"] == "cpu"}
+
+
+def test_a_correct_grpo_script_passes_with_its_rewards_and_completions_reported(project: pytest.Pytester) -> None:
+    result, report = run_grpo(project, GRPO)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
+    targets = report["targets"]
+    assert targets["figures"]["completions"] == 16  # 4 prompts of 4 completions each, over the first batches
+    assert targets["figures"]["groups_with_spread"] >= 1
+    assert any("reward spread (max - min) per group" in note for note in targets["notes"])
+    assert any("end within max_completion_length=8" in note for note in targets["notes"])
+    assert report["backward"]["figures"]["gradient_norm"] > 0
+    overfit = report["overfit"]
+    assert overfit["figures"]["loss_after"] < overfit["figures"]["loss_before"]
+    skipped = {stage: item["reason"] for stage, item in report.items() if item["outcome"] == "skipped"}
+    assert "does not check eval of these trainers yet" in skipped["eval"]
+    assert "online RL samples its completions" in skipped["lengths"]
+
+
+CONVERSATIONAL = GRPO.replace(
+    'data = Dataset.from_dict({"prompt": tiny.sentences(16, seed=5, shortest=2, longest=5)})',
+    'data = Dataset.from_dict({"prompt": [[{"role": "user", "content": text}]\n'
+    '                                         for text in tiny.sentences(16, seed=5, shortest=2, longest=5)]})\n'
+    '    tokenizer = lm.tokenizer()\n'
+    '    tokenizer.chat_template = "{% for message in messages %}{{ message[\'content\'] }} {% endfor %}"',
+).replace("def longer_is_better(completions, **kwargs):\n        return [float(len(completion.split())) for completion in completions]",
+          "def longer_is_better(completions, **kwargs):\n"
+          "        return [float(len(completion[0][\"content\"].split())) for completion in completions]",
+).replace("processing_class=lm.tokenizer()", "processing_class=tokenizer")
+
+
+def test_a_correct_grpo_script_on_conversational_prompts_passes(project: pytest.Pytester) -> None:
+    assert CONVERSATIONAL.count("tokenizer.chat_template") == 1 and 'completion[0]["content"]' in CONVERSATIONAL
+    result, _ = run_grpo(project, CONVERSATIONAL)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
+
+
+def test_a_correct_grpo_script_with_lora_passes_and_trains_the_adapters(project: pytest.Pytester) -> None:
+    lora = GRPO.replace("from trl import GRPOConfig, GRPOTrainer",
+                        "from peft import LoraConfig\n    from trl import GRPOConfig, GRPOTrainer").replace(
+        "processing_class=lm.tokenizer())",
+        "processing_class=lm.tokenizer(),\n                          peft_config=LoraConfig(r=4, "
+        "target_modules=[\"q_proj\", \"v_proj\"], task_type=\"CAUSAL_LM\"))")
+    assert "peft_config" in lora
+    result, report = run_grpo(project, lora)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
+    assert "LoRA adapters on q_proj, v_proj" in " ".join(report["backward"]["notes"])
+
+
+def test_a_reward_that_reads_a_chat_completion_as_a_string_fails_targets_naming_it(project: pytest.Pytester) -> None:
+    """len() of a conversational completion is its number of messages: 1 for every completion, so every group's
+    rewards are equal, every advantage is 0 and nothing trains while the run looks healthy."""
+    broken = CONVERSATIONAL.replace('float(len(completion[0]["content"].split()))', "float(len(completion))")
+    assert broken != CONVERSATIONAL
+    result, report = run_grpo(project, broken)
+    assert failures(result) == ["targets[cpu]"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([
+        "*targets[[]cpu[]] failed: the reward function `longer_is_better` gives every completion of a prompt the same "
+        "reward (`longer_is_better` gives 1)*every advantage is 0*",
+        "*fix: score each completion in `longer_is_better`: completions are lists of messages here, so read the text "
+        "as completion[[]0[]][[]'content'[]]*",
+    ])
+    for stage in STEPPING:
+        assert report[stage]["outcome"] == "skipped"
+        assert "every advantage of the sampled batch is 0" in report[stage]["reason"]
+
+
+def test_a_sparse_reward_the_untrained_model_never_earns_is_no_failure(project: pytest.Pytester) -> None:
+    """A reward for the exact answer is 0 for every completion of a random model: the function reads the completion
+    (the dataset's answer earns it), so targets passes and says why nothing steps, and the stepping stages skip."""
+    sparse = GRPO.replace(
+        "def longer_is_better(completions, **kwargs):\n        return [float(len(completion.split())) for completion in "
+        "completions]",
+        "def longer_is_better(completions, answer, **kwargs):\n"
+        "        return [float(completion.strip() == wanted) for completion, wanted in zip(completions, answer)]",
+    ).replace('data = Dataset.from_dict({"prompt": tiny.sentences(16, seed=5, shortest=2, longest=5)})',
+              'data = Dataset.from_dict({"prompt": tiny.sentences(16, seed=5, shortest=2, longest=5),\n'
+              '                          "answer": ["the big red dog sat on the log"] * 16})')
+    assert sparse.count("answer") == 3
+    result, report = run_grpo(project, sparse)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert report["targets"]["outcome"] == "passed"
+    assert any("responded to the rows' `answer`" in note for note in report["targets"]["notes"])
+    for stage in STEPPING:
+        assert "every advantage of the sampled batch is 0" in report[stage]["reason"]
+
+
+ONE_PER_COMPLETION = "*fix: return a list with one float per completion from `longer_is_better`*"
+
+
+@pytest.mark.parametrize(("reward", "cause", "fix"), [
+    ("return 1.0", "*the reward function `longer_is_better` returns float 1.0, not a list with one reward for each of "
+                   "the 4 completions*", ONE_PER_COMPLETION),
+    ("return [1.0]", "*the reward function `longer_is_better` returns 1 rewards for 4 completions*", ONE_PER_COMPLETION),
+    ("return [float('nan')] * len(completions)", "*the reward function `longer_is_better` returns nan for completion 0*",
+     "*fix: make `longer_is_better` return a finite float for every completion (return None where it does not apply)"),
+], ids=["one-number", "one-per-batch", "nan"])
+def test_a_reward_function_that_does_not_return_one_finite_reward_per_completion_fails_collate(
+        project: pytest.Pytester, reward: str, cause: str, fix: str) -> None:
+    broken = GRPO.replace("return [float(len(completion.split())) for completion in completions]", reward)
+    assert broken != GRPO
+    result, report = run_grpo(project, broken)
+    assert failures(result) == ["collate[cpu]"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([cause, fix.replace("(", "(")])
+    assert "blocked by collate[cpu]" in report["forward"]["reason"]
+
+
+def test_a_reward_of_none_where_a_function_does_not_apply_passes(project: pytest.Pytester) -> None:
+    partial = GRPO.replace("return [float(len(completion.split())) for completion in completions]",
+                           "return [float(len(c.split())) if len(c.split()) > 3 else None for c in completions]")
+    assert partial != GRPO
+    result, _ = run_grpo(project, partial)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+
+
+def test_completions_that_never_end_within_max_completion_length_fail_targets(project: pytest.Pytester) -> None:
+    cut = GRPO.replace("max_completion_length=8,",
+                       "max_completion_length=3,\n                      "
+                       "generation_kwargs={\"suppress_tokens\": [lm.tokenizer().eos_token_id]},")
+    assert cut != GRPO
+    result, _ = run_grpo(project, cut)
+    assert "targets[cpu]" in failures(result), result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([
+        "*targets[[]cpu[]] failed: none of the 16 sampled completions ends within max_completion_length=3*",
+        "*fix: raise max_completion_length (now 3)*",
+    ])
+
+
+#: RLOO's KL term (beta=0.05 by default) loads a reference model by the model's name, which a model built from a
+#: config has not: beta=0 leaves it out.
+RLOO = GRPO.replace("GRPOConfig, GRPOTrainer", "RLOOConfig, RLOOTrainer").replace(
+    "GRPOConfig(", "RLOOConfig(beta=0.0, ").replace("GRPOTrainer(", "RLOOTrainer(")
+
+
+def test_a_correct_rloo_script_passes(project: pytest.Pytester) -> None:
+    assert "RLOOTrainer(" in RLOO
+    result, _ = run_grpo(project, RLOO)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
 
 
 def test_a_nan_in_a_column_grpo_feeds_its_reward_functions_fails_dataset(project: pytest.Pytester) -> None:
     """The prompts' rows are checked as fed (GRPO hands every column to the reward functions): a NaN there fails
-    `dataset`, and the batch stages still skip with their reason."""
+    `dataset`."""
     project.makepyfile(lm=LM)
     broken = GRPO.replace(
         'data = Dataset.from_dict({"prompt": tiny.sentences(16, seed=5, shortest=2, longest=5)})',
@@ -64,12 +200,11 @@ def test_a_nan_in_a_column_grpo_feeds_its_reward_functions_fails_dataset(project
     assert broken != GRPO
     write(project, "train.py", broken)
     result = run_script(project)
-    assert failures(result) == ["dataset[cpu]"], result.stdout.str()[-4000:]
+    assert "dataset[cpu]" in failures(result), result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed*'reward_bonus'*nan*"])
 
 
-def test_a_marked_test_asking_a_grpo_pipeline_for_its_batch_is_skipped_with_the_reason(
-        project: pytest.Pytester) -> None:
+def test_a_marked_test_gets_the_sampled_grpo_batch(project: pytest.Pytester) -> None:
     project.makepyfile(lm=LM)
     write(project, "train.py", GRPO)
     write(project, "test_grpo.py", """
@@ -77,8 +212,8 @@ def test_a_marked_test_asking_a_grpo_pipeline_for_its_batch_is_skipped_with_the_
 
         @pytest.mark.trainer_pipeline(module="train.py", stages=["dataset"], devices=["cpu"])
         def test_batch(trainer_stage, train_batch):
-            assert train_batch
+            assert train_batch["completion_ids"].shape[0] == 4
+            assert train_batch["advantages"].shape == (4,)
     """)
     result = project.runpytest("test_grpo.py", "-rs")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines([f"SKIPPED*{NOT_SAMPLED}*"])
+    result.assert_outcomes(passed=1)

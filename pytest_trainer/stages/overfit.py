@@ -44,6 +44,8 @@ class Attempt:
     after: float
     curve: list[float]
     moved: bool
+    #: What the batch is judged by: the loss, or the figure the trainer family names.
+    what: str = "loss"
 
     @property
     def finite(self) -> bool:
@@ -55,8 +57,8 @@ class Attempt:
 
     def shown(self) -> str:
         curve = self.curve or [self.before]
-        return (f"loss {self.before:.4g} -> {self.after:.4g} after {len(self.curve)} steps (train-mode curve: first "
-                f"{curve[0]:.4g}, lowest {min(curve):.4g}, last {curve[-1]:.4g}) at learning rate {self.rate:g}")
+        return (f"{self.what} {self.before:.4g} -> {self.after:.4g} after {len(self.curve)} steps (train-mode loss: "
+                f"first {curve[0]:.4g}, lowest {min(curve):.4g}, last {curve[-1]:.4g}) at learning rate {self.rate:g}")
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
@@ -117,7 +119,7 @@ def _attempt(pipeline: Pipeline, device: str, factor: float = 1.0) -> Attempt:
             if not math.isfinite(after) or not before * (1 - FALL) < after < before * (1 + GROWTH):
                 break
     moved = bool(pipeline.changed_weights(run.model))
-    return Attempt(run.rate, before, after, run.curve[:taken], moved)
+    return Attempt(run.rate, before, after, run.curve[:taken], moved, pipeline.family.judged_as)
 
 
 STAGE = Stage("overfit", rank=70, run=run, needs=("step",))

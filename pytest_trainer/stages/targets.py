@@ -34,6 +34,8 @@ COMPLETION_MASKS = ("completion_mask", "assistant_masks")
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
+    if pipeline.task.labels == tasks.REWARD:
+        return rewards(pipeline, device)
     collated = [(_numpy(batch), samples) for samples, batch in pipeline.batches.spread(SAMPLED_ROWS)]
     rows = [row for batch, samples in collated if "labels" in batch and "input_ids" in batch
             for row in _rows(batch, samples)]
@@ -52,6 +54,21 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result.figures.update({"eos_tokens": float(eos_total), "eos_supervised": float(eos_trained)})
     result.notes.append(f"{supervised} of {real} real tokens supervised ({supervised / max(real, 1):.0%}) "
                         f"in {len(rows)} rows; end-of-sequence tokens supervised: {eos_trained} of {eos_total}")
+    return result
+
+
+def rewards(pipeline: Pipeline, device: str) -> StageResult:
+    """Online RL trains toward the rewards of sampled completions: they are audited instead of labels."""
+    import pytest
+
+    from pytest_trainer import reward_checks
+
+    pipeline.batches.first()  # samples the completions and scores them
+    sampled = pipeline.family.sampled
+    if sampled is None or not sampled.completions:
+        pytest.skip("the trainer sampled no completions to audit")
+    result = StageResult("targets", device)
+    reward_checks.audit(sampled, result)
     return result
 
 
@@ -213,7 +230,7 @@ def marked(pipeline: Pipeline, row: _Row, limit: int = 400) -> str:
 
 
 def applies(task: Task, family: Family) -> str | None:
-    if task.labels == tasks.TOKEN_IDS and task.shifts_labels:
+    if (task.labels == tasks.TOKEN_IDS and task.shifts_labels) or task.labels == tasks.REWARD:
         return None
     return f"{task.name}: no causal-LM supervision to audit (the dataset stage checks these labels)"
 

@@ -1,0 +1,199 @@
+"""What online RL trains toward: the rewards of the completions the model samples, group by group.
+
+GRPO and RLOO compare the rewards of the completions of one prompt: a completion better than its group's mean is
+made more likely, a worse one less. Where a group's completions all get the same reward, its advantages are 0 and it
+teaches nothing; where every group's do, the loss and its gradient are 0 at every step while the run looks healthy.
+The audit reads the rewards the trainer gave the sampled batch, and calls each reward function again on other
+completions (other prompts', an empty one, the dataset's own answers, one following the format the prompts ask for)
+to tell a function that does not read the completion from a model that has not yet earned a sparse reward.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import diagnosis
+from pytest_trainer.sampling import NOT_DATA, Sampled
+
+if TYPE_CHECKING:
+    from pytest_trainer.stages.base import StageResult
+
+#: Rewards closer than this are the same reward (as TRL tells a group with no spread).
+SAME = 1e-6
+#: Arguments of a reward function that are the completion, not data of the row.
+COMPLETION_ARGUMENTS = ("prompts", "completions", "completion_ids")
+
+
+def audit(sampled: Sampled, result: StageResult) -> None:
+    """Report the rewards of the sampled batch; fail where they cannot train (see the module's docstring)."""
+    count = len(sampled.completions)
+    ended = sum(sampled.ended)
+    totals = sampled.total()
+    spreads = [_spread(group) for group in sampled.groups(totals)]
+    result.figures.update({
+        "completions": float(count), "completions_ended": float(ended),
+        "truncated_share": (count - ended) / max(count, 1),
+        "mean_completion_length": sum(sampled.lengths) / max(count, 1),
+        "reward_mean": _mean(totals), "groups_with_spread": float(sum(spread > SAME for spread in spreads)),
+    })
+    for index, name in enumerate(sampled.names):
+        values = [row[index] for row in sampled.rewards]
+        result.figures[f"reward_{name}_mean"] = _mean(values)
+    result.notes.append(
+        f"{count} completions of {len(spreads)} prompts ({sampled.group} each); reward spread (max - min) per group: "
+        + ", ".join(f"{spread:.3g}" for spread in spreads)
+    )
+    result.notes.append(f"{ended} of {count} completions end within max_completion_length="
+                        f"{sampled.max_completion_length} (mean length {result.figures['mean_completion_length']:.1f} "
+                        "tokens)")
+    if count and not ended:
+        raise diagnosis.PipelineFailure(
+            f"none of the {count} sampled completions ends within max_completion_length="
+            f"{sampled.max_completion_length}: every one is cut before an end-of-sequence token, so the reward "
+            "functions never see a finished answer",
+            f"raise max_completion_length (now {sampled.max_completion_length}), and check that the model's "
+            "generation_config.eos_token_id is the token the tokenizer ends its answers with",
+        )
+    if any(spread > SAME for spread in spreads):
+        _note_deaf(sampled, result)
+        return
+    deaf = {name: _responds(sampled, name) for name in sampled.functions}
+    heard = [name for name, probe in deaf.items() if probe]
+    unprobed = [name for name in sampled.names if name not in sampled.functions]
+    if heard or unprobed or not deaf:
+        result.notes.append(
+            f"every group's completions got the same total reward, so this batch has no advantage to train on; the "
+            f"reward functions do score completions ({_listed(heard + unprobed)} responded to "
+            f"{', '.join(deaf[name] for name in heard) or 'a reward model'}): the model at its starting weights "
+            "never earns a different reward. The stages that step on the gradient skip"
+        )
+        return
+    constant = {name: _constant(sampled, name) for name in deaf}
+    shown = "; ".join(f"`{name}` gives {value}" for name, value in constant.items())
+    raise diagnosis.PipelineFailure(
+        f"the reward function{'s' if len(deaf) > 1 else ''} {_listed(list(deaf))} give{'' if len(deaf) > 1 else 's'} "
+        f"every completion of a prompt the same reward ({shown}), and the same to other prompts' completions, an "
+        "empty one and the dataset's own answers: the completion is not read, so every advantage is 0 and the "
+        "policy loss has no gradient at any step",
+        f"score each completion in {_listed(list(deaf))}: "
+        + ("completions are lists of messages here, so read the text as completion[0]['content']"
+           if sampled.conversational else "completions are strings here")
+        + "; return one reward per completion that depends on it",
+    )
+
+
+def _note_deaf(sampled: Sampled, result: StageResult) -> None:
+    """A function that gives one reward to everything, beside others that train: worth a look, not a failure."""
+    for name in sampled.functions:
+        index = sampled.names.index(name)
+        values = [row[index] for row in sampled.rewards]
+        if _spread(values) <= SAME and not _responds(sampled, name):
+            result.notes.append(f"`{name}` gave every completion and every probe the same reward "
+                                f"({_constant(sampled, name)}): check that it reads the completions")
+
+
+def _responds(sampled: Sampled, name: str) -> str:
+    """The first probe on which reward function `name` answers otherwise than on the sampled completions ("" for
+    none): a function that reads the completion answers other completions otherwise."""
+    function = sampled.functions[name]
+    for call in sampled.calls.get(name, []):
+        arguments = {**call.arguments, "log_extra": lambda *args, **kwargs: None,
+                     "log_metric": lambda *args, **kwargs: None}
+        for what, probe in _probes(sampled, call.arguments):
+            try:
+                answer = list(function(**{**arguments, **probe}))
+            except Exception:  # a probe the function cannot read tells nothing
+                continue
+            if len(answer) == len(call.answer) and any(not _same(a, b) for a, b in zip(answer, call.answer,
+                                                                                      strict=False)):
+                return what
+    return ""
+
+
+def _probes(sampled: Sampled, arguments: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Other completions for the same rows, each named: other prompts', empty ones, each text column of the rows,
+    and the tagged format the prompts ask for (`<think>...</think>`)."""
+    completions = arguments.get("completions") or []
+    count = len(completions)
+    ids = arguments.get("completion_ids")
+    texts: list[tuple[str, list[str], Any]] = []
+    if count > sampled.group:
+        order = [(index + sampled.group) % count for index in range(count)]
+        texts.append(("other prompts' completions", [_text(completions[index]) for index in order],
+                      [ids[index] for index in order] if isinstance(ids, list) and len(ids) == count else ids))
+    texts.append(("empty completions", [""] * count, [[] for _ in range(count)]))
+    for key, values in arguments.items():
+        if key in COMPLETION_ARGUMENTS or key in NOT_DATA or not isinstance(values, list) or len(values) != count:
+            continue
+        if all(isinstance(value, str) for value in values):
+            texts.append((f"the rows' `{key}`", list(values), ids))
+    tags = _tags(arguments.get("prompts") or [])
+    if tags:
+        answers = next((values for what, values, _ in texts if what.startswith("the rows'")), ["42"] * count)
+        formatted = ["\n".join(f"<{tag}>\n{answer}\n</{tag}>" for tag in tags) for answer in answers]
+        texts.append((f"completions in the prompts' format ({' '.join(f'<{tag}>' for tag in tags)})", formatted, ids))
+    return [(what, {"completions": [_as_completion(text, sampled.conversational) for text in values],
+                    "completion_ids": token_ids}) for what, values, token_ids in texts]
+
+
+def _tags(prompts: list[Any]) -> list[str]:
+    """XML-like tags the prompts ask for (`<think>` ... `</think>`), in order of appearance."""
+    found: list[str] = []
+    for prompt in prompts:
+        for tag in re.findall(r"<([A-Za-z_][\w-]*)>", _text(prompt)):
+            if f"</{tag}>" in _text(prompt) and tag not in found:
+                found.append(tag)
+    return found
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(_text(message.get("content", "")) if isinstance(message, dict) else _text(message)
+                         for message in value)
+    return str(value)
+
+
+def _as_completion(text: str, conversational: bool) -> Any:
+    return [{"role": "assistant", "content": text}] if conversational else text
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = _number(a), _number(b)
+    if a is None or b is None:
+        return a is b
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= SAME
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _constant(sampled: Sampled, name: str) -> str:
+    index = sampled.names.index(name)
+    values = {round(row[index], 6) for row in sampled.rewards}
+    return f"{values.pop():g}" if len(values) == 1 else "one reward per prompt"
+
+
+def _spread(values: list[float]) -> float:
+    present = [value for value in values if not math.isnan(value)]
+    return max(present) - min(present) if len(present) > 1 else 0.0
+
+
+def _mean(values: list[float]) -> float:
+    present = [value for value in values if not math.isnan(value)]
+    return sum(present) / len(present) if present else math.nan
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)

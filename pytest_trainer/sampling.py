@@ -1,0 +1,201 @@
+"""Online RL's batch, made as its trainer makes it: prompts drawn, completions sampled, rewards scored.
+
+TRL's online trainers (GRPO, RLOO) draw a group of prompts from their dataloader, sample `num_generations`
+completions of each with the model, score every completion with each reward function and turn the rewards of a
+group into advantages. `sample` runs the trainer's own code for that once, with a fixed seed, and keeps what the
+checks need besides the batch: the completions, each reward function's raw answer and the arguments it was given
+(so a check can call it again on other completions), the rewards per function, and which completions ended.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import diagnosis
+
+if TYPE_CHECKING:
+    import torch
+
+#: Seed of the prompts drawn and of the completions sampled, so every stage and every run sees the same batch.
+SEED = 0
+#: Prompts whose completions the audit reads: generation batches are drawn until this many groups are sampled,
+#: and at most DRAWS of them (the first is the batch the training stages step on).
+GROUPS = 8
+DRAWS = 4
+#: Arguments the trainer passes to a reward function that are not data (callbacks, the trainer's state).
+NOT_DATA = ("trainer_state", "log_extra", "log_metric", "environments")
+
+
+@dataclass
+class Call:
+    """One call of a reward function: what it was given and what it returned, as it returned it."""
+
+    arguments: dict[str, Any]
+    answer: Any
+
+
+@dataclass
+class Sampled:
+    """The completions sampled for one generation batch, and how the trainer scored them."""
+
+    #: The reward functions' names, as the trainer logs them, and their weights.
+    names: list[str]
+    weights: list[float]
+    #: The functions themselves (plain Python ones only; a reward model is scored by the trainer alone).
+    functions: dict[str, Callable[..., Any]]
+    #: Completions sampled per prompt: the rewards of each group of this many rows are compared.
+    group: int
+    max_completion_length: int | None
+    prompts: list[Any] = field(default_factory=list)
+    completions: list[Any] = field(default_factory=list)
+    #: One row per completion, one column per reward function (NaN where a function returned None).
+    rewards: list[list[float]] = field(default_factory=list)
+    #: Whether each completion ended with an end-of-sequence token within max_completion_length.
+    ended: list[bool] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    #: Every call of each reward function, by name: one per generation batch drawn.
+    calls: dict[str, list[Call]] = field(default_factory=dict)
+
+    @property
+    def conversational(self) -> bool:
+        first = self.completions[0] if self.completions else None
+        return isinstance(first, list) and all(isinstance(message, dict) for message in first)
+
+    def total(self) -> list[float]:
+        """Each completion's reward as the trainer sums it (weighted, NaN counted as missing)."""
+        import math
+
+        totals = []
+        for row in self.rewards:
+            present = [value * weight for value, weight in zip(row, self.weights, strict=True) if not math.isnan(value)]
+            totals.append(sum(present) if present else math.nan)
+        return totals
+
+    def groups(self, values: list[float]) -> list[list[float]]:
+        return [values[start:start + self.group] for start in range(0, len(values), self.group)]
+
+
+def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
+    """The trainer's first generation batch (its prompts, sampled completions and advantages), and what made it and
+    the next ones, up to GROUPS prompts."""
+    import torch
+
+    sampled = Sampled(
+        names=list(getattr(trainer, "reward_func_names", [])),
+        weights=[float(weight) for weight in getattr(trainer, "reward_weights", torch.ones(0)).tolist()],
+        functions={},
+        group=int(getattr(trainer, "num_generations", 1) or 1),
+        max_completion_length=getattr(trainer.args, "max_completion_length", None),
+    )
+    model = trainer.model
+    was_training = model.training
+    with torch.random.fork_rng(devices=_cuda_devices(model)), _recorded(trainer, sampled):
+        torch.manual_seed(SEED)
+        model.train()  # the trainer samples in training mode, with the training batch sizes
+        try:
+            with diagnosis.pipeline_part("the training dataloader (its dataset and data_collator)"):
+                loader = iter(trainer.get_train_dataloader())
+                drawn = [next(loader)]
+            first = _scored(trainer, drawn[0])
+            while len(sampled.completions) < GROUPS * sampled.group and len(drawn) < DRAWS:
+                with diagnosis.pipeline_part("the training dataloader (its dataset and data_collator)"):
+                    more = next(loader, None)
+                if more is None:
+                    break
+                drawn.append(more)
+                _scored(trainer, more)
+        finally:
+            model.train(was_training)
+    return dict(first), sampled
+
+
+def _scored(trainer: Any, prompts: list[dict[str, Any]]) -> Any:
+    with diagnosis.pipeline_part("sampling completions and scoring them with the reward functions"):
+        return trainer._generate_and_score_completions(prompts)
+
+
+def _cuda_devices(model: torch.nn.Module) -> list[int]:
+    device = next((parameter.device for parameter in model.parameters()), None)
+    return [device.index or 0] if device is not None and device.type == "cuda" else []
+
+
+@contextmanager
+def _recorded(trainer: Any, sampled: Sampled) -> Iterator[None]:
+    """The trainer's reward functions and its scoring, recorded while they run; put back afterwards."""
+    import torch
+
+    functions = list(trainer.reward_funcs)
+    score = trainer._calculate_rewards
+
+    def recorder(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            answer = function(*args, **kwargs)
+            sampled.calls.setdefault(name, []).append(Call(dict(kwargs), answer))
+            check_answer(name, answer, len(kwargs.get("completions") or ()))
+            return answer
+        return recorded
+
+    def scored(inputs: Any, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]]) -> Any:
+        rewards = score(inputs, prompts, completions, completion_ids)
+        sampled.prompts.extend(prompts)
+        sampled.completions.extend(completions)
+        sampled.rewards.extend(rewards.detach().float().cpu().tolist())
+        ends = set(getattr(trainer, "eos_token_ids", None) or [trainer.processing_class.eos_token_id])
+        sampled.lengths.extend(len(ids) for ids in completion_ids)
+        sampled.ended.extend(bool(ids) and int(ids[-1]) in ends for ids in completion_ids)
+        return rewards
+
+    for index, (name, function) in enumerate(zip(sampled.names, functions, strict=False)):
+        plain = callable(function) and not isinstance(function, torch.nn.Module) and \
+            not _is_async(function)
+        if plain:
+            sampled.functions[name] = function
+            trainer.reward_funcs[index] = recorder(name, function)
+    trainer._calculate_rewards = scored
+    try:
+        yield
+    finally:
+        trainer.reward_funcs[:] = functions
+        del trainer._calculate_rewards  # the class's own method again
+
+
+def _is_async(function: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)
+
+
+def check_answer(name: str, answer: Any, expected: int) -> None:
+    """A reward function returns one number (or None) per completion: anything else fails with the cause."""
+    import math
+    import numbers
+
+    fix = (f"return a list with one float per completion from `{name}`, e.g. "
+           "`return [score(completion) for completion in completions]`")
+    if isinstance(answer, (str, bytes)) or not hasattr(answer, "__len__"):
+        raise diagnosis.PipelineFailure(
+            f"the reward function `{name}` returns {type(answer).__name__} {answer!r:.60}, not a list with one reward "
+            f"for each of the {expected} completions", fix)
+    values = list(answer)
+    if len(values) != expected:
+        raise diagnosis.PipelineFailure(
+            f"the reward function `{name}` returns {len(values)} rewards for {expected} completions: the trainer "
+            "needs one per completion (it is called with every completion of the batch at once)", fix)
+    for index, value in enumerate(values):
+        number = value.item() if hasattr(value, "item") and getattr(value, "ndim", 0) == 0 else value
+        if number is None:
+            continue  # the function does not apply to this completion: TRL allows it
+        if not isinstance(number, numbers.Real):
+            raise diagnosis.PipelineFailure(
+                f"the reward function `{name}` returns {type(value).__name__} {value!r:.60} for completion {index}, "
+                "not a number", fix)
+        if not math.isfinite(float(number)):
+            raise diagnosis.PipelineFailure(
+                f"the reward function `{name}` returns {float(number)} for completion {index}: a non-finite reward "
+                "turns the advantages of its whole group into NaN",
+                f"make `{name}` return a finite float for every completion (return None where it does not apply)")
