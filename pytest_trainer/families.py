@@ -159,8 +159,8 @@ class Online(Family):
     builds_own_batches = "online RL samples its completions and scores them with its reward functions"
     judged_as = "negative log-likelihood of the completions with a positive advantage"
     #: The stages that check these trainers; the others skip with the reason.
-    covered = ("load", "dataset", "collate", "targets", "forward", "backward", "step", "overfit", "labels", "lengths",
-               "padding")
+    covered = ("load", "dataset", "collate", "targets", "forward", "backward", "step", "overfit", "precision", "labels",
+               "lengths", "padding")
     #: The stages that step on the batch's gradient, which is zero where every advantage is.
     stepping = ("backward", "step", "overfit")
 

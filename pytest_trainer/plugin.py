@@ -68,7 +68,10 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Generator[
     collected = yield
     if file_path.resolve() in session_of(parent.config).settings.modules:
         # The script is ours alone: no other collector may import it as a test module.
-        return [TrainerScript.from_parent(parent, path=file_path)]
+        script = TrainerScript.from_parent(parent, path=file_path)
+        if not script.nodeid:  # a script outside the rootdir (an installed library's, say) is named by its file
+            script = TrainerScript.from_parent(parent, path=file_path, nodeid=file_path.name)
+        return [script]
     return collected
 
 

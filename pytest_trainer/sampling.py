@@ -134,7 +134,14 @@ def _recorded(trainer: Any, sampled: Sampled) -> Iterator[None]:
     def recorder(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            answer = function(*args, **kwargs)
+            try:
+                with diagnosis.pipeline_part(f"the reward function `{name}`"):
+                    answer = function(*args, **kwargs)
+            except (TypeError, AttributeError, KeyError) as error:
+                wrong = other_format(name, error, kwargs.get("completions") or [])
+                if wrong is None:
+                    raise
+                raise wrong from error
             sampled.calls.setdefault(name, []).append(Call(dict(kwargs), answer))
             check_answer(name, answer, len(kwargs.get("completions") or ()))
             return answer
@@ -199,3 +206,29 @@ def check_answer(name: str, answer: Any, expected: int) -> None:
                 f"the reward function `{name}` returns {float(number)} for completion {index}: a non-finite reward "
                 "turns the advantages of its whole group into NaN",
                 f"make `{name}` return a finite float for every completion (return None where it does not apply)")
+
+
+#: What a function that takes a string for a list of messages, or the other way round, raises.
+READS_MESSAGES = ("string indices must be integers", "'str' object has no attribute 'get'")
+READS_TEXT = ("list indices must be integers", "'list' object has no attribute", "can only concatenate list")
+
+
+def other_format(name: str, error: BaseException, completions: list[Any]) -> diagnosis.PipelineFailure | None:
+    """A reward function that reads completions in the other format than the dataset's prompts produce."""
+    message = str(error)
+    conversational = bool(completions) and isinstance(completions[0], list)
+    if not conversational and any(sign in message for sign in READS_MESSAGES):
+        return diagnosis.PipelineFailure(
+            f"the reward function `{name}` reads each completion as a list of chat messages "
+            f"(completion[0]['content']), but the dataset's prompts are plain text, so completions are strings "
+            f"({type(error).__name__}: {message})",
+            "give the dataset conversational prompts ([{'role': 'user', 'content': ...}]) for this function, or "
+            f"make `{name}` read completions as strings",
+        )
+    if conversational and any(sign in message for sign in READS_TEXT):
+        return diagnosis.PipelineFailure(
+            f"the reward function `{name}` reads each completion as a string, but the dataset's prompts are chat "
+            f"messages, so each completion is a list of messages ({type(error).__name__}: {message})",
+            f"read the text as completion[0]['content'] in `{name}`, or give the dataset plain-text prompts",
+        )
+    return None

@@ -32,7 +32,7 @@ GRPO = """
 """
 
 #: The items that check an online RL script on the CPU; the others skip with their reason.
-CHECKED = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit")
+CHECKED = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "precision")
 STEPPING = ("backward", "step", "overfit")
 
 
