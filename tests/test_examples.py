@@ -95,3 +95,14 @@ def _outcomes_of(result: pytest.RunResult, script: str) -> dict[str, str]:
             item, outcome = line[len(prefix):].split()[:2]
             found[item] = outcome
     return found
+
+
+@pytest.mark.usefixtures("offline")
+def test_grpo_example_passes_every_item_that_checks_online_rl(pytester: pytest.Pytester) -> None:
+    shutil.copytree(EXAMPLES / "grpo", pytester.path / "grpo")
+    result = pytester.runpytest("--trainer-module=grpo/train.py", "--trainer-devices=cpu", "-v", "-rs")
+    passed = {item for item, outcome in outcomes(result).items() if outcome == "PASSED"}
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert passed == {f"{stage}[cpu]" for stage in
+                      ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "precision")}
+    assert not (pytester.path / "grpo-tiny-llama").exists()
