@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_trainer import diagnosis
 from pytest_trainer.sampling import NOT_DATA, Sampled
-
-if TYPE_CHECKING:
-    from pytest_trainer.stages.base import StageResult
 
 #: Rewards closer than this are the same reward (as TRL tells a group with no spread).
 SAME = 1e-6
@@ -26,13 +23,14 @@ SAME = 1e-6
 COMPLETION_ARGUMENTS = ("prompts", "completions", "completion_ids")
 
 
-def audit(sampled: Sampled, result: StageResult) -> None:
-    """Report the rewards of the sampled batch; fail where they cannot train (see the module's docstring)."""
+def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None:
+    """Report the rewards of the sampled batch in `figures` and `notes`; fail where they cannot train (see the
+    module's docstring)."""
     count = len(sampled.completions)
     ended = sum(sampled.ended)
     totals = sampled.total()
     spreads = [_spread(group) for group in sampled.groups(totals)]
-    result.figures.update({
+    figures.update({
         "completions": float(count), "completions_ended": float(ended),
         "truncated_share": (count - ended) / max(count, 1),
         "mean_completion_length": sum(sampled.lengths) / max(count, 1),
@@ -40,13 +38,13 @@ def audit(sampled: Sampled, result: StageResult) -> None:
     })
     for index, name in enumerate(sampled.names):
         values = [row[index] for row in sampled.rewards]
-        result.figures[f"reward_{name}_mean"] = _mean(values)
-    result.notes.append(
+        figures[f"reward_{name}_mean"] = _mean(values)
+    notes.append(
         f"{count} completions of {len(spreads)} prompts ({sampled.group} each); reward spread (max - min) per group: "
         + ", ".join(f"{spread:.3g}" for spread in spreads)
     )
-    result.notes.append(f"{ended} of {count} completions end within max_completion_length="
-                        f"{sampled.max_completion_length} (mean length {result.figures['mean_completion_length']:.1f} "
+    notes.append(f"{ended} of {count} completions end within max_completion_length="
+                        f"{sampled.max_completion_length} (mean length {figures['mean_completion_length']:.1f} "
                         "tokens)")
     if count and not ended:
         raise diagnosis.PipelineFailure(
@@ -57,13 +55,13 @@ def audit(sampled: Sampled, result: StageResult) -> None:
             "generation_config.eos_token_id is the token the tokenizer ends its answers with",
         )
     if any(spread > SAME for spread in spreads):
-        _note_deaf(sampled, result)
+        _note_deaf(sampled, notes)
         return
     deaf = {name: _responds(sampled, name) for name in sampled.functions}
     heard = [name for name, probe in deaf.items() if probe]
     unprobed = [name for name in sampled.names if name not in sampled.functions]
     if heard or unprobed or not deaf:
-        result.notes.append(
+        notes.append(
             f"every group's completions got the same total reward, so this batch has no advantage to train on; the "
             f"reward functions do score completions ({_listed(heard + unprobed)} responded to "
             f"{', '.join(deaf[name] for name in heard) or 'a reward model'}): the model at its starting weights "
@@ -84,13 +82,13 @@ def audit(sampled: Sampled, result: StageResult) -> None:
     )
 
 
-def _note_deaf(sampled: Sampled, result: StageResult) -> None:
+def _note_deaf(sampled: Sampled, notes: list[str]) -> None:
     """A function that gives one reward to everything, beside others that train: worth a look, not a failure."""
     for name in sampled.functions:
         index = sampled.names.index(name)
         values = [row[index] for row in sampled.rewards]
         if _spread(values) <= SAME and not _responds(sampled, name):
-            result.notes.append(f"`{name}` gave every completion and every probe the same reward "
+            notes.append(f"`{name}` gave every completion and every probe the same reward "
                                 f"({_constant(sampled, name)}): check that it reads the completions")
 
 

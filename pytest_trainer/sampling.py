@@ -93,9 +93,14 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
     )
     model = trainer.model
     was_training = model.training
-    with torch.random.fork_rng(devices=_cuda_devices(model)), _recorded(trainer, sampled):
+    # The trainer samples on its own device (its prompts go there); a CPU item of a GPU machine moved the model.
+    where = next((parameter.device for parameter in model.parameters()), None)
+    home = trainer.accelerator.device
+    with torch.random.fork_rng(devices=_cuda_devices(home)), _recorded(trainer, sampled):
         torch.manual_seed(SEED)
         model.train()  # the trainer samples in training mode, with the training batch sizes
+        if where is not None and where != home:
+            model.to(home)
         try:
             with diagnosis.pipeline_part("the training dataloader (its dataset and data_collator)"):
                 loader = iter(trainer.get_train_dataloader())
@@ -110,6 +115,8 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
                 _scored(trainer, more)
         finally:
             model.train(was_training)
+            if where is not None and where != home:
+                model.to(where)
     return dict(first), sampled
 
 
@@ -118,9 +125,8 @@ def _scored(trainer: Any, prompts: list[dict[str, Any]]) -> Any:
         return trainer._generate_and_score_completions(prompts)
 
 
-def _cuda_devices(model: torch.nn.Module) -> list[int]:
-    device = next((parameter.device for parameter in model.parameters()), None)
-    return [device.index or 0] if device is not None and device.type == "cuda" else []
+def _cuda_devices(device: torch.device) -> list[int]:
+    return [device.index or 0] if device.type == "cuda" else []
 
 
 @contextmanager

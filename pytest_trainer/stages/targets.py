@@ -68,7 +68,7 @@ def rewards(pipeline: Pipeline, device: str) -> StageResult:
     if sampled is None or not sampled.completions:
         pytest.skip("the trainer sampled no completions to audit")
     result = StageResult("targets", device)
-    reward_checks.audit(sampled, result)
+    reward_checks.audit(sampled, result.figures, result.notes)
     return result
 
 
