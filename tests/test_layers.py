@@ -22,7 +22,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer.stages",),  # the registry of stages and the runner of one
     ("pytest_trainer.stages.*",),  # one module per stage, and what a stage is
     ("pytest_trainer.data_checks", "pytest_trainer.task_checks", "pytest_trainer.explanations",
-     "pytest_trainer.strategies", "pytest_trainer.search", "pytest_trainer.memory", "pytest_trainer.accumulation"),
+     "pytest_trainer.strategies", "pytest_trainer.search", "pytest_trainer.memory", "pytest_trainer.accumulation",
+     "pytest_trainer.vision_text"),
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
     ("pytest_trainer.families", "pytest_trainer.fed", "pytest_trainer.training", "pytest_trainer.losses",
      "pytest_trainer.adapters"),  # trainer families, fed data, the shared training run, losses
