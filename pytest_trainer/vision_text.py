@@ -232,3 +232,69 @@ def _counts(pipeline: Pipeline) -> str:
         return "image tokens per row unknown"
     counts = [int(count) for count in (ids == token).sum(dim=1).tolist()]
     return f"image tokens per row of the first batch {counts}"
+
+
+# ---- save: the processor that makes the model's inputs reloads from the checkpoint ------------------------------
+
+#: Processor attributes that decide how many image tokens an image becomes, beside its image processor.
+PROCESSOR_SETTINGS = ("image_token", "patch_size", "vision_feature_select_strategy", "num_additional_image_tokens",
+                      "image_seq_len", "num_image_tokens")
+
+
+def check_saved_processor(pipeline: Pipeline, folder: str) -> None:
+    """A vision-language checkpoint reloads with the processor the script trains with: its image processor's
+    settings, the settings that count image tokens, the tokenizer's vocabulary and the chat template."""
+    if pipeline.task.image_token is None:
+        return
+    trainer = pipeline.trainer
+    given = getattr(trainer, "processing_class", None)
+    if processor_of(pipeline) is None:
+        if given is not None and hasattr(given, "save_pretrained"):
+            raise diagnosis.PipelineFailure(
+                f"the Trainer saves a {type(given).__name__} without an image processor beside the vision-language "
+                f"model: the checkpoint holds no image settings, so AutoProcessor.from_pretrained(checkpoint) cannot "
+                "prepare images for it",
+                "pass the processor (image processor and tokenizer together) as processing_class= to the Trainer, "
+                "not its tokenizer alone",
+            )
+        return
+    from_pretrained = getattr(type(given), "from_pretrained", None)
+    if not callable(from_pretrained):
+        return
+    with diagnosis.pipeline_part(f"reloading the saved {type(given).__name__}"):
+        reloaded = from_pretrained(folder)
+    for what, before, after in _settings(given, reloaded):
+        if before != after:
+            raise diagnosis.PipelineFailure(
+                f"the {type(given).__name__} saved with the checkpoint reloads with another {what} ({before!r} became "
+                f"{after!r}): the reloaded model is fed images prepared otherwise than in training",
+                "save the processor the script trains with (pass it as processing_class=) and set its settings "
+                "through its constructor or attributes that save_pretrained writes, not after saving or in code that "
+                "a reload does not run",
+            )
+
+
+def _settings(given: Any, reloaded: Any) -> list[tuple[str, Any, Any]]:
+    """(what, as trained, as reloaded) for each setting compared."""
+    pairs: list[tuple[str, Any, Any]] = [("image processor class", type(given.image_processor).__name__,
+              type(getattr(reloaded, "image_processor", None)).__name__)]
+    ours = _plain(given.image_processor.to_dict())
+    theirs = _plain(reloaded.image_processor.to_dict()) if hasattr(reloaded, "image_processor") else {}
+    for key in sorted(ours):
+        if "processor_class" not in key:
+            pairs.append((f"image processor setting {key!r}", ours[key], theirs.get(key)))
+    for key in PROCESSOR_SETTINGS:
+        if hasattr(given, key):
+            pairs.append((f"processor setting {key!r}", getattr(given, key), getattr(reloaded, key, None)))
+    pairs.append(("vocabulary size", len(given.tokenizer), len(getattr(reloaded, "tokenizer", None) or [])))
+    pairs.append(("chat template", getattr(given, "chat_template", None), getattr(reloaded, "chat_template", None)))
+    return pairs
+
+
+def _plain(value: Any) -> Any:
+    """A settings value with tuples as lists, so that what JSON reads back compares equal."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
