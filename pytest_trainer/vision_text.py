@@ -160,13 +160,31 @@ def check_images_kept(pipeline: Pipeline, batch: dict[str, Any]) -> None:
     training = pipeline.training
     features = getattr(training.given, "features", None) or {}
     dropped = [name for name in training.removed if _holds_images(features.get(name))]
+    if dropped:
+        raise _dropped(pipeline, dropped, "so the batch holds no pixel_values and the model is trained on the text "
+                                          "alone")
+
+
+def images_dropped(pipeline: Pipeline, split: Any, columns: list[str]) -> diagnosis.PipelineFailure | None:
+    """The failure to raise when the Trainer dropped every column of a split that holds images (its forward takes
+    none of them) although a collator of the script would build the model's inputs from them; else None."""
+    if pipeline.task.image_token is None:
+        return None
+    features = getattr(split.given, "features", None) or {}
+    dropped = [name for name in columns if _holds_images(features.get(name))]
     if not dropped:
-        return
-    quoted = ", ".join(repr(name) for name in dropped)
-    raise diagnosis.PipelineFailure(
+        return None
+    others = [name for name in columns if name not in dropped]
+    also = f"{', '.join(repr(name) for name in others)} too, so " if others else ""
+    return _dropped(pipeline, dropped, f"and {also}no column is left: the collator that reads the images and calls "
+                                       "the processor never gets them")
+
+
+def _dropped(pipeline: Pipeline, columns: list[str], consequence: str) -> diagnosis.PipelineFailure:
+    quoted = ", ".join(repr(name) for name in columns)
+    return diagnosis.PipelineFailure(
         f"the Trainer dropped the image column {quoted} before the collator (remove_unused_columns=True: "
-        f"{type(pipeline.model).__name__}.forward takes no {dropped[0]!r}), so the batch holds no pixel_values and "
-        "the model is trained on the text alone",
+        f"{type(pipeline.model).__name__}.forward takes no {columns[0]!r}) {consequence}",
         "set remove_unused_columns=False in the training arguments, so the collator gets each row's images",
     )
 
