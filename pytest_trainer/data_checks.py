@@ -53,6 +53,11 @@ def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
         raw = tables.stored(split.given, 1)
         text = [name for name in raw.column_names if tables.is_text(raw.schema.field(name).type)]
         model_input = model_facts.main_input(pipeline.model)
+        from pytest_trainer import vision_text
+
+        images = vision_text.images_dropped(pipeline, split, raw.column_names)
+        if images is not None:
+            raise images from error
         if text and pipeline.task.conventional:
             raise diagnosis.untokenized(split.description, text, model_input) from error
         signature: list[str] = pipeline.trainer._signature_columns or []

@@ -148,7 +148,7 @@ class FedSplit:
         sample at position i is the one whose values `table` holds in row i (dataset row `row(i)`)."""
         if not self.transformed:
             table = self.table
-            return [table.slice(index, 1).to_pylist()[0] for index in indices]
+            return [self._decoded(table.slice(index, 1).to_pylist()[0]) for index in indices]
         if self._is_iterable or not hasattr(self.dataset, "__getitem__"):
             return [dict(self._python_samples[index]) for index in indices]
         with diagnosis.pipeline_part(f"the {self.description} dataset's transform"):
@@ -156,6 +156,22 @@ class FedSplit:
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
+
+    def _decoded(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A stored row as the dataset reads it: images, audio and other encoded features decoded (an image
+        column holds {"bytes", "path"} in storage and a PIL image in the row the collator gets)."""
+        import datasets
+        from datasets.features.features import require_decoding
+
+        features = getattr(self.dataset, "features", None)
+        if not isinstance(features, datasets.Features):
+            return row
+        encoded = {name: features[name] for name in row if name in features and require_decoding(features[name])}
+        if not encoded:
+            return row
+        with diagnosis.pipeline_part(f"decoding the {self.description} dataset's {', '.join(encoded)} column"):
+            decoded = datasets.Features(encoded).decode_example({name: row[name] for name in encoded})
+        return {**row, **decoded}
 
     def _fed_as_stored(self) -> dict[str, str]:
         self.table  # noqa: B018 - reading the table finds which of its columns are fed as stored
@@ -309,16 +325,20 @@ class Batches:
     def spread(self, rows: int) -> list[tuple[list[dict[str, Any]], dict[str, Any]]]:
         """(samples, batch) of the script's batch size, collated by the Trainer's own collator on the CPU from rows
         spread over the training split."""
-        import numpy as np
-
-        count = len(self._training())
-        indices = sorted({int(index) for index in np.linspace(0, count - 1, min(rows, count))}) if count else []
+        indices = self.positions(rows)
         size = max(1, int(self.trainer.args.train_batch_size))
         found = []
         for start in range(0, len(indices), size):
             samples = self.rows(indices[start:start + size])
             found.append((samples, self.collate([dict(sample) for sample in samples], "cpu")))
         return found
+
+    def positions(self, rows: int) -> list[int]:
+        """The positions in the training table of the rows `spread(rows)` collates, in its order."""
+        import numpy as np
+
+        count = len(self._training())
+        return sorted({int(index) for index in np.linspace(0, count - 1, min(rows, count))}) if count else []
 
     def padding_problem(self) -> diagnosis.PipelineFailure | None:
         """Samples of different lengths that nothing pads, named with the lengths of the first rows."""

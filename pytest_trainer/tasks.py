@@ -73,6 +73,8 @@ class Task:
     auto_class: str = "AutoModelForSequenceClassification"
     #: Sample or batch keys beside the sequence that hold token ids of the model's vocabulary (preference pairs).
     more_token_columns: tuple[str, ...] = ()
+    #: The token id that stands for image features in the sequence (a vision-language model), else None.
+    image_token: int | None = None
 
     @property
     def token_columns(self) -> tuple[str, ...]:
@@ -144,6 +146,29 @@ def detect(model: Any) -> Task:
         # A text head is rebuilt with AutoModelForSequenceClassification; an image or audio one with its own class.
         auto_class = "AutoModelForSequenceClassification" if main == "input_ids" else kind
         return Task(name, CLASS, sequence, classes=classes, auto_class=auto_class)
+    if kind.endswith("ForConditionalGeneration") and vision_language(config):
+        return Task("vision-language causal language modelling", TOKEN_IDS, sequence, shifts_labels=True,
+                    image_token=image_token(config))
     if getattr(config, "is_encoder_decoder", False) or kind.endswith(("ForConditionalGeneration", "Seq2SeqLM")):
         return Task("sequence to sequence", DECODER_TARGETS, sequence)
     return Task(f"a {kind}", UNKNOWN, sequence)
+
+
+def vision_language(config: Any) -> bool:
+    """Whether a `...ForConditionalGeneration` config is a decoder-only vision-language model (LLaVA, Idefics3,
+    Qwen2-VL): not an encoder-decoder, with a vision config beside the text config of a decoder."""
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    text = getattr(config, "text_config", None)
+    if text is None or getattr(text, "is_encoder_decoder", False):
+        return False
+    return getattr(config, "vision_config", None) is not None
+
+
+def image_token(config: Any) -> int | None:
+    """The id of the token whose positions the vision features fill, as the model's config names it."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value >= 0:
+            return value
+    return None

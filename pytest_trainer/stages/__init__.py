@@ -166,9 +166,10 @@ def _user_failure(error: Exception, pipeline: Pipeline, stage: str) -> Exception
     part = diagnosis.part_of(error)
     if part is None:
         return diagnosis.InternalError(stage, error)
-    from pytest_trainer import explanations
+    from pytest_trainer import explanations, vision_text
 
     try:
-        return explanations.explain(error, pipeline) or diagnosis.raised_by(error, part)
+        return vision_text.explain(error, pipeline) or explanations.explain(error, pipeline) or \
+            diagnosis.raised_by(error, part)
     except Exception as crash:  # explaining is the plugin's own work
         return diagnosis.InternalError(stage, crash)

@@ -29,6 +29,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "make the data collator return tensors (return_tensors='pt'), or drop those columns from the dataset",
         )
     check_target_padding(pipeline, batch)
+    from pytest_trainer import vision_text
+
+    vision_text.check_images_kept(pipeline, batch)
     data_checks.check_batch_tokens(pipeline, batch)
     on_device = pipeline.batches.on(device)
     main = batch.get(pipeline.task.sequence or "")

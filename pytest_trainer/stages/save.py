@@ -66,6 +66,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             how = _compare_reloaded(pipeline, model, first_rows(batch, pipeline.task.sequence, COMPARED_ROWS),
                                     folder, device)
         _check_processor(trainer, folder)
+        from pytest_trainer import vision_text
+
+        vision_text.check_saved_processor(pipeline, folder)
     result.figures.update({"checkpoint_mib": size / 2**20, "checkpoint_files": float(len(files))})
     result.notes.append(f"checkpoint of {size / 2**20:.1f} MiB ({', '.join(files)}); {how}")
     return result

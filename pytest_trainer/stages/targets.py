@@ -47,6 +47,11 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         "supervised_share": supervised / max(real, 1), "supervised_tokens": float(supervised),
         "rows_audited": float(len(rows)),
     })
+    from pytest_trainer import vision_text  # image tokens: each row's count, and none of them supervised
+
+    figures, notes = vision_text.audit(pipeline, collated, SAMPLED_ROWS)
+    result.figures.update(figures)
+    result.notes.extend(notes)
     check_rows_supervised(pipeline, rows)
     check_shift(pipeline, rows)
     check_prompt_unlabelled(pipeline, rows)

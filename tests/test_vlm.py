@@ -1,0 +1,189 @@
+"""Vision-language SFT (LLaVA-style): the task, decoded images, image tokens and the processor's checkpoint.
+
+Every script runs the bundled example's tiny LLaVA (`conftest_examples/vlm_sft/train.py`, copied beside it as
+`vlm.py`): a CLIP vision tower and a Llama text model built from configs, a word-level tokenizer holding `<image>`,
+LLaVA's processor (each image fills 4 image tokens) and PIL-drawn images stored in a `datasets.Image` column.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import PIL.Image  # noqa: F401
+import pytest
+import trl  # noqa: F401
+from conftest import ITEMS, failures, outcomes, run_script, write
+from transformers import LlavaForConditionalGeneration, LlavaProcessor  # noqa: F401
+from trl import SFTConfig, SFTTrainer  # noqa: F401
+
+# The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "conftest_examples" / "vlm_sft"
+
+
+@pytest.fixture
+def vlm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    shutil.copy(EXAMPLE / "train.py", pytester.path / "vlm.py")
+    return pytester
+
+
+#: TRL's SFTTrainer on conversations with images, as the example builds it; ARGS are more SFTConfig arguments.
+SFT = """
+    import vlm
+    from trl import SFTConfig, SFTTrainer
+
+    processor = vlm.build_processor()
+    args = SFTConfig(output_dir="out", per_device_train_batch_size=8, bf16=False, report_to="none", ARGS)
+    trainer = SFTTrainer(model=vlm.build_model(processor.tokenizer), args=args, processing_class=processor,
+                         train_dataset=vlm.conversations(32, seed=0))
+    trainer.train()
+"""
+
+#: A plain Trainer whose collator calls the processor on an image column and a text column; CUT shortens the batch.
+PLAIN = """
+    import vlm
+    from datasets import Dataset, Features, Image, Value
+    from transformers import Trainer, TrainingArguments
+
+    processor = vlm.build_processor()
+    rows = vlm.conversations(32, seed=0)
+    data = Dataset.from_dict(
+        {"image": [images[0] for images in rows["images"]],
+         "text": [f"USER: <image> {m[0]['content'][1]['text']} ASSISTANT: {m[1]['content'][0]['text']} </s>"
+                  for m in rows["messages"]]},
+        features=Features({"image": Image(), "text": Value("string")}))
+    IMAGE = processor.tokenizer.convert_tokens_to_ids("<image>")
+
+
+    def collate(examples):
+        batch = processor(text=[e["text"] for e in examples], images=[e["image"] for e in examples], padding=True,
+                          return_tensors="pt")
+        labels = batch["input_ids"].clone()
+        labels[batch["attention_mask"] == 0] = -100
+        labels[labels == IMAGE] = -100
+        batch["labels"] = labels
+        CUT
+        return batch
+
+
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none", ARGS)
+    trainer = Trainer(model=vlm.build_model(processor.tokenizer), args=args, train_dataset=data,
+                      data_collator=collate, processing_class=PROCESSING)
+    trainer.train()
+"""
+
+
+def sft(args: str) -> str:
+    return SFT.replace("ARGS", args)
+
+
+def plain(args: str = "remove_unused_columns=False", cut: str = "", processing: str = "processor") -> str:
+    return PLAIN.replace("ARGS", args).replace("CUT", cut or "pass").replace("PROCESSING", processing)
+
+
+def run(vlm: pytest.Pytester, source: str, stages: str) -> pytest.RunResult:
+    write(vlm, "train.py", source)
+    return run_script(vlm, f"--trainer-stages={stages}")
+
+
+def check_fails(result: pytest.RunResult, item: str, *patterns: str) -> None:
+    assert failures(result) == [item], (outcomes(result), result.stdout.str()[-6000:])
+    result.stdout.fnmatch_lines([f"*{item.replace('[', '[[]')} failed*{patterns[0]}", *patterns[1:]])
+
+
+def check_passes(result: pytest.RunResult, *items: str) -> None:
+    statuses = outcomes(result)
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    for item in items:
+        assert statuses.get(item) == "PASSED", (item, statuses, result.stdout.str()[-6000:])
+
+
+# ---- the example, and the task a LLaVA-style model is -----------------------------------------------------------
+
+
+def test_the_example_passes_every_item_that_applies(vlm: pytest.Pytester) -> None:
+    shutil.copytree(EXAMPLE, vlm.path / "vlm_sft")
+    result = vlm.runpytest("--trainer-module=vlm_sft/train.py", "--trainer-devices=cpu", "-v", "-rs")
+    statuses = outcomes(result)
+    assert len(statuses) == len(ITEMS), statuses
+    skipped = {item for item, status in statuses.items() if status != "PASSED"}
+    # Token ids are no classes (labels); the collator tokenizes on the fly: the stored rows hold no token sequence
+    # whose length could vary (lengths, padding).
+    assert skipped == {"labels[cpu]", "lengths[cpu]", "padding[cpu]"}, (statuses, result.stdout.str()[-6000:])
+    result.stdout.fnmatch_lines(["*the training samples have no token sequence 'input_ids' whose length could vary*"])
+
+
+def test_a_llava_style_model_is_a_causal_lm_whose_targets_are_audited(vlm: pytest.Pytester) -> None:
+    """A decoder-only ...ForConditionalGeneration is no seq2seq model: `targets` audits it (it used to skip)."""
+    result = run(vlm, plain(), "collate,targets,forward,memory")
+    check_passes(result, "targets[cpu]", "forward[cpu]", "memory[cpu]")
+
+
+def test_stored_images_reach_the_collator_decoded_in_batches_the_plugin_makes(vlm: pytest.Pytester) -> None:
+    """memory and save collate rows of their own: their images are PIL images, as the Trainer's dataloader gives."""
+    result = run(vlm, sft("assistant_only_loss=True"), "collate,memory,save")
+    check_passes(result, "memory[cpu]", "save[cpu]")
+
+
+# ---- targets: image tokens --------------------------------------------------------------------------------------
+
+
+def test_supervised_image_tokens_fail_targets(vlm: pytest.Pytester) -> None:
+    """TRL's vision collator copies input_ids into labels: the image placeholders are trained (trl#1880, #2136)."""
+    result = run(vlm, sft("max_length=None"), "collate,targets")
+    check_fails(result, "targets[cpu]", "* supervised label positions (*) are image tokens (id 4): the model is "
+                "trained to predict the image placeholders*", "*fix: set the labels of image tokens to -100*",
+                "*dataset row 0: 4 of its 4 image tokens carry labels*")
+
+
+def test_answers_only_pass_targets(vlm: pytest.Pytester) -> None:
+    result = run(vlm, sft("assistant_only_loss=True"), "collate,targets")
+    check_passes(result, "targets[cpu]")
+
+
+def test_image_tokens_cut_by_the_collator_fail_targets_naming_the_row(vlm: pytest.Pytester) -> None:
+    cut = 'batch = {k: v[:, 3:] if k in ("input_ids", "attention_mask", "labels") else v for k, v in batch.items()}'
+    result = run(vlm, plain(cut=cut), "collate,targets")
+    check_fails(result, "targets[cpu]", "*dataset row 0 holds 3 image tokens but its 1 image(s) fill 4*",
+                "*fix: never truncate through image tokens*")
+
+
+def test_the_model_s_image_token_mismatch_is_explained_at_forward(vlm: pytest.Pytester) -> None:
+    cut = 'batch = {k: v[:, 3:] if k in ("input_ids", "attention_mask", "labels") else v for k, v in batch.items()}'
+    result = run(vlm, plain(cut=cut), "collate,forward")
+    check_fails(result, "forward[cpu]", "*the batch's image tokens and its images' features differ in number*"
+                "image tokens per row of the first batch [[]3, 3, 3, 3, 3, 3, 3, 3]*")
+
+
+def test_truncation_through_image_tokens_is_explained_at_collate(vlm: pytest.Pytester) -> None:
+    """transformers 5's processor raises "Mismatch in `image` token count" inside the collator."""
+    result = run(vlm, sft("assistant_only_loss=True, max_length=4"), "collate")
+    check_fails(result, "collate[cpu]", "*truncation to max_length=4 cut image tokens from dataset row 0*",
+                "*fix: never truncate through image tokens: max_length=None*")
+
+
+# ---- the images reach the collator --------------------------------------------------------------------------
+
+
+def test_an_image_column_dropped_by_remove_unused_columns_fails_naming_it(vlm: pytest.Pytester) -> None:
+    result = run(vlm, plain(args="remove_unused_columns=True"), "dataset")
+    check_fails(result, "dataset[cpu]", "*the Trainer dropped the image column 'image' before the collator "
+                "(remove_unused_columns=True: LlavaForConditionalGeneration.forward takes no 'image')*",
+                "*fix: set remove_unused_columns=False*")
+
+
+# ---- save: the processor reloads -------------------------------------------------------------------------------
+
+
+def test_a_tokenizer_saved_alone_beside_a_vision_language_model_fails_save(vlm: pytest.Pytester) -> None:
+    result = run(vlm, plain(processing="processor.tokenizer"), "collate,save")
+    check_fails(result, "save[cpu]", "*the Trainer saves a * without an image processor*",
+                "*fix: pass the processor (image processor and tokenizer together) as processing_class=*")
+
+
+def test_the_processor_reloads_from_the_checkpoint(vlm: pytest.Pytester) -> None:
+    result = run(vlm, plain(), "collate,save")
+    check_passes(result, "save[cpu]")
