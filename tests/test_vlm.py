@@ -7,6 +7,7 @@ LLaVA's processor (each image fills 4 image tokens) and PIL-drawn images stored 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -187,3 +188,30 @@ def test_a_tokenizer_saved_alone_beside_a_vision_language_model_fails_save(vlm: 
 def test_the_processor_reloads_from_the_checkpoint(vlm: pytest.Pytester) -> None:
     result = run(vlm, plain(), "collate,save")
     check_passes(result, "save[cpu]")
+
+
+# ---- a trainable vision tower: its pooled output is never used ----------------------------------------------------
+
+
+def test_a_trainable_vision_tower_whose_pooled_output_llava_skips_passes_backward_with_a_note(
+        vlm: pytest.Pytester) -> None:
+    """LLaVA reads a vision layer's hidden states, not the tower's pooled output through post_layernorm: those
+    parameters get no gradient and do not train, which DistributedDataParallel accepts as the Trainer sets it up
+    (find_unused_parameters on): no false alarm."""
+    unfrozen = plain().replace("trainer.train()", "trainer.model.model.vision_tower.requires_grad_(True)\n"
+                               "    trainer.train()")
+    assert unfrozen != plain()
+    write(vlm, "train.py", unfrozen)
+    result = run_script(vlm, "--trainer-stages=collate,forward,backward", "--trainer-report=report.json")
+    check_passes(result, "backward[cpu]")
+    notes = " ".join(next(item["notes"] for item in json.loads((vlm.path / "report.json").read_text())["items"]
+                          if item["stage"] == "backward"))
+    assert "get no gradient from the loss, so they do not train" in notes and "post_layernorm" in notes, notes
+
+
+def test_the_same_with_ddp_not_looking_for_unused_parameters_fails_backward(vlm: pytest.Pytester) -> None:
+    unfrozen = plain("remove_unused_columns=False, ddp_find_unused_parameters=False").replace(
+        "trainer.train()", "trainer.model.model.vision_tower.requires_grad_(True)\n    trainer.train()")
+    result = run(vlm, unfrozen, "collate,forward,backward")
+    check_fails(result, "backward[cpu]", "*trainable parameters get no gradient from the loss*post_layernorm*",
+                "*ddp_find_unused_parameters*")

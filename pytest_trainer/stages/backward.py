@@ -44,6 +44,15 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "look for NaN or infinite inputs or labels, a loss that divides by zero, or fp16 overflow "
             "(use bf16 or a loss scaler)",
         )
+    # A model's own parameter that the loss does not reach (LLaVA's vision tower computes a pooled output it never
+    # uses) does not train, which DistributedDataParallel accepts where it looks for unused parameters, as the
+    # Trainer sets it up by default. Adapters are what the script trains: one without a gradient is a defect.
+    notes = []
+    spare = [name for name in missing if not _adapter(name)]
+    if spare and _ddp_finds_unused(pipeline):
+        missing = [name for name in missing if name not in spare]
+        notes.append(f"{len(spare)} trainable parameters get no gradient from the loss, so they do not train: "
+                     f"{_names(spare)} (DistributedDataParallel skips them: find_unused_parameters is on)")
     # What follows leaves one process training: findings, which block no later stage and are reported together.
     findings = [found for found in (
         _unused(missing, len(trainable)),
@@ -53,13 +62,30 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     ) if found is not None]
     if findings:
         raise diagnosis.together(findings)
-    notes = [f"trainable: {trainable_parts([name for name, _ in trainable])}"]
+    notes.insert(0, f"trainable: {trainable_parts([name for name, _ in trainable])}")
     norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gradients.values()])))
     return StageResult(
         "backward", device, batch=batch, loss=value, gradients=gradients,
         figures={"gradient_norm": norm, "trainable_parameters": float(sum(p.numel() for _, p in trainable))},
         notes=notes,
     )
+
+
+def _adapter(name: str) -> bool:
+    """A parameter PEFT adds for training: LoRA weights, a module saved whole, trainable token rows."""
+    return "lora_" in name or ".modules_to_save." in name or "trainable_tokens" in name
+
+
+def _ddp_finds_unused(pipeline: Pipeline) -> bool:
+    """Whether the Trainer's DistributedDataParallel looks for unused parameters (as the Trainer decides it)."""
+    from transformers import PreTrainedModel
+
+    asked = getattr(pipeline.trainer.args, "ddp_find_unused_parameters", None)
+    if asked is not None:
+        return bool(asked)
+    if isinstance(pipeline.trainer.model, PreTrainedModel):
+        return not pipeline.checkpointing
+    return True
 
 
 def _names(names: list[str]) -> str:
