@@ -196,7 +196,8 @@ def check_prompt_unlabelled(pipeline: Pipeline, rows: list[_Row]) -> None:
 
 def check_eos_supervised(pipeline: Pipeline, rows: list[_Row]) -> tuple[int, int]:
     """Some real end-of-sequence token is a target, or the model never learns to stop."""
-    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    processor = getattr(pipeline.trainer, "processing_class", None)
+    tokenizer = getattr(processor, "tokenizer", processor)  # a multimodal processor holds the tokenizer
     eos = getattr(tokenizer, "eos_token_id", None)
     if not isinstance(eos, int):
         return 0, 0
