@@ -198,6 +198,19 @@ def _index_out_of_range(match: re.Match[str], error: BaseException, facts: Pipel
     return data_checks.token_problem(facts)
 
 
+@_row(PIPELINE, "truncation through a vision-language row's image tokens",
+      "ValueError: Mismatch in `image` token count between text and `input_ids`. Got ids=[3] and text=[4]. Likely "
+      "due to `truncation='max_length'`. Please disable truncation or increase `max_length`.",
+      r"Mismatch in `image` token count", "collate")
+@_row(PIPELINE, "image tokens and image features that differ in number",
+      "ValueError: Image features and image tokens do not match, tokens: 3, features: 4",
+      r"Image features and image tokens do not match", "forward")
+def _image_tokens(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    from pytest_trainer import vision_text
+
+    return vision_text.explain(error, facts)
+
+
 @_row(PIPELINE, "multi-label labels that are integers",
       "RuntimeError: result type Float can't be cast to the desired output type Long",
       r"can't be cast to the desired output type", "forward")

@@ -166,10 +166,9 @@ def _user_failure(error: Exception, pipeline: Pipeline, stage: str) -> Exception
     part = diagnosis.part_of(error)
     if part is None:
         return diagnosis.InternalError(stage, error)
-    from pytest_trainer import explanations, vision_text
+    from pytest_trainer import explanations
 
     try:
-        return vision_text.explain(error, pipeline) or explanations.explain(error, pipeline) or \
-            diagnosis.raised_by(error, part)
+        return explanations.explain(error, pipeline) or diagnosis.raised_by(error, part)
     except Exception as crash:  # explaining is the plugin's own work
         return diagnosis.InternalError(stage, crash)
