@@ -58,6 +58,8 @@ class _Capture:
         self.precision: list[str] = []
         #: The precision settings the script asked for, among GPU_PRECISION.
         self.asked: set[str] = set()
+        #: Engines the script asked for that this machine cannot run, turned off: one line each.
+        self.unexercised: list[str] = []
 
     @property
     def trainer(self) -> Trainer | None:
@@ -84,6 +86,8 @@ class LoadedScript:
     precision: tuple[str, ...] = ()
     #: The precision settings the script asked for (bf16, fp16, ...), whether or not this machine could keep them.
     asked_precision: frozenset[str] = frozenset()
+    #: Engines the script asked for that this machine cannot run (vLLM), turned off and not exercised.
+    unexercised: tuple[str, ...] = ()
 
 
 def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -137,7 +141,8 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         )
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
-    return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision), frozenset(capture.asked))
+    return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision), frozenset(capture.asked),
+                        tuple(capture.unexercised))
 
 
 def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
@@ -284,6 +289,9 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
 
     def post_init(self: Any) -> None:
         asked = precision_for_this_machine(self)
+        unexercised = engines_for_this_machine(self)
+        if unexercised and unexercised not in capture.unexercised:
+            capture.unexercised.append(unexercised)
         original_post_init(self)
         sandbox_arguments(self, sandbox)
         capture.asked.update(asked)
@@ -329,6 +337,24 @@ def precision_for_this_machine(args: Any) -> list[str]:
     for name in asked:
         setattr(args, name, None if name == "tf32" else False)
     return asked
+
+
+def engines_for_this_machine(args: Any) -> str | None:
+    """Turn off the vLLM generation an online RL config asks for where vLLM cannot run (not installed, or no GPU);
+    the line saying so, or None."""
+    import importlib.util
+
+    import torch
+
+    if not getattr(args, "use_vllm", False):
+        return None
+    missing = "vLLM is not installed" if importlib.util.find_spec("vllm") is None else \
+        "this machine has no GPU" if not torch.cuda.is_available() else None
+    if missing is None:
+        return None
+    args.use_vllm = False
+    return (f"the script asks for use_vllm=True; {missing}, so completions are sampled with the model's own "
+            "generate (the script's generation settings) and vLLM itself is not exercised")
 
 
 def sandbox_arguments(args: Any, sandbox: Sandbox) -> None:

@@ -82,8 +82,9 @@ class PipelineReport:
         """(title, lines) per script: one line when nothing failed, else the stage-by-device table."""
         for script, records in self.by_script().items():
             failed = [record for record in records if record.outcome in ("failed", "error")]
-            # How the pipeline was run differently from the script (its precision on a machine without a GPU).
-            changed = _ordered(note for record in records for note in record.notes if note.startswith("precision:"))
+            # How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU).
+            changed = _ordered(note for record in records for note in record.notes
+                               if note.startswith(("precision:", "not exercised:")))
             if not failed:
                 yield f"pytest-trainer: {script}", [_all_passed_line(records), *changed]
                 continue

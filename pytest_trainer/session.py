@@ -82,6 +82,7 @@ class TrainerSession:
         pipeline = self._pipeline(loaded.trainer, name)
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
+        pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)
         pipeline.asked_precision = loaded.asked_precision
         return pipeline
 

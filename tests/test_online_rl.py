@@ -217,3 +217,14 @@ def test_a_marked_test_gets_the_sampled_grpo_batch(project: pytest.Pytester) -> 
     """)
     result = project.runpytest("test_grpo.py", "-rs")
     result.assert_outcomes(passed=1)
+
+
+def test_use_vllm_on_a_machine_without_it_samples_with_generate_and_says_vllm_is_not_exercised(
+        project: pytest.Pytester) -> None:
+    with_vllm = GRPO.replace("max_completion_length=8,", "max_completion_length=8, use_vllm=True,")
+    assert with_vllm != GRPO
+    result, _ = run_grpo(project, with_vllm)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
+    result.stdout.fnmatch_lines(["not exercised: the script asks for use_vllm=True; vLLM is not installed, so "
+                                 "completions are sampled with the model's own generate*vLLM itself is not exercised"])
