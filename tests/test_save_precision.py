@@ -296,9 +296,12 @@ def test_fp32_script_passes_precision(project: pytest.Pytester) -> None:
 
 
 def test_a_finding_in_backward_does_not_hide_a_checkpoint_that_cannot_be_written(project: pytest.Pytester) -> None:
-    # A pooler the forward never uses (no gradient: DDP's unused-parameter failure) and a head sharing the embedding
-    # without declaring it: one run names both, since one process still trains past the first.
-    script = OWN_MASKED_LM.format(tie=SHARED_HEAD).replace("add_pooling_layer=False", "add_pooling_layer=True")
+    # A pooler the forward never uses (no gradient: DDP's unused-parameter failure, where the script tells DDP not to
+    # look for unused parameters) and a head sharing the embedding without declaring it: one run names both, since
+    # one process still trains past the first.
+    script = OWN_MASKED_LM.format(tie=SHARED_HEAD).replace("add_pooling_layer=False", "add_pooling_layer=True").replace(
+        'report_to="none")', 'report_to="none", ddp_find_unused_parameters=False)', 1)
+    assert "ddp_find_unused_parameters=False" in script
     result, items = run_stages(project, script, SAVE_STAGES)
     assert outcomes(result) == {"dataset[cpu]": "PASSED", "collate[cpu]": "PASSED", "forward[cpu]": "PASSED",
                                 "backward[cpu]": "FAILED", "step[cpu]": "PASSED", "save[cpu]": "FAILED"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -107,11 +108,31 @@ def test_loss_detached_from_the_graph_fails_backward(project: pytest.Pytester) -
     result.stdout.fnmatch_lines(["backward[[]cpu[]] failed: the loss is detached from the model*"])
 
 
-def test_parameters_left_out_of_the_loss_fail_backward(project: pytest.Pytester) -> None:
-    write(project, "train.py", textwrap.dedent(GOOD_SCRIPT).replace(
-        "trainer = Trainer(model=tiny.classifier()",
-        "import torch\nmodel = tiny.classifier()\nmodel.unused_head = torch.nn.Linear(16, 3)\n"
-        "trainer = Trainer(model=model"))
+UNUSED_HEAD = textwrap.dedent(GOOD_SCRIPT).replace(
+    "trainer = Trainer(model=tiny.classifier()",
+    "import torch\nmodel = tiny.classifier()\nmodel.unused_head = torch.nn.Linear(16, 3)\n"
+    "trainer = Trainer(model=model")
+
+
+def test_parameters_left_out_of_the_loss_are_a_note_where_ddp_looks_for_unused_parameters(
+        project: pytest.Pytester) -> None:
+    """The Trainer sets DDP's find_unused_parameters for a model without gradient checkpointing: a parameter the
+    loss leaves out does not train, and no process stops over it."""
+    assert "unused_head" in UNUSED_HEAD
+    write(project, "train.py", UNUSED_HEAD)
+    result = run_script(project, "--trainer-stages=backward", "--trainer-report=report.json")
+    assert failures(result) == []
+    backward = next(item for item in json.loads((project.path / "report.json").read_text())["items"]
+                    if item["stage"] == "backward")
+    assert any("2 trainable parameters get no gradient from the loss, so they do not train: unused_head.weight, "
+               "unused_head.bias" in note for note in backward["notes"]), backward["notes"]
+
+
+def test_parameters_left_out_of_the_loss_fail_backward_where_ddp_does_not_look_for_them(
+        project: pytest.Pytester) -> None:
+    script = UNUSED_HEAD.replace("TrainingArguments(", "TrainingArguments(ddp_find_unused_parameters=False, ", 1)
+    assert script != UNUSED_HEAD
+    write(project, "train.py", script)
     result = run_script(project)
     assert failures(result) == ["backward[cpu]"]
     result.stdout.fnmatch_lines(["*2 of * trainable parameters get no gradient from the loss: unused_head.weight, "

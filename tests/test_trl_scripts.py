@@ -11,6 +11,10 @@ import pytest
 import trl
 from conftest import failures, outcomes, write
 from task_scripts import LM
+from trl import GRPOConfig, GRPOTrainer, KTOConfig, KTOTrainer, RLOOConfig, RLOOTrainer  # noqa: F401
+
+# The trainers and configs the scripts import are imported here, before pytester's in-process runs, for the reason
+# conftest gives (a checkpoint pickles the config: its class must be the one sys.modules keeps).
 
 SCRIPTS = Path(trl.__file__).parent / "scripts"
 
