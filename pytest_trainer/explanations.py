@@ -454,6 +454,21 @@ def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Pipe
     return None
 
 
+@_row(PIPELINE, "a tokenizer output the model's generate does not take (online RL sampling)",
+      "ValueError: The following `model_kwargs` are not used by the model: ['token_type_ids'] (note: typos in the "
+      "generate arguments will also show up in this list)",
+      r"The following `model_kwargs` are not used by the model: \['(\w+)'", "collate")
+def _unused_generate_input(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    key = match.group(1)
+    return Explained(
+        f"the tokenizer returns {key!r} with each prompt, and {_model_name(facts)}.generate does not take it, so "
+        "the trainer cannot sample completions",
+        "make the tokenizer return only what the model takes: build it with model_input_names=['input_ids', "
+        "'attention_mask'] (save_pretrained keeps that), or set tokenizer.model_input_names to that list before "
+        "the trainer is built",
+    )
+
+
 @_row(PIPELINE, "a batch key the forward does not take",
       "TypeError: forward() got an unexpected keyword argument 'token_type_ids'",
       r"forward\(\) got an unexpected keyword argument '(\w+)'", "forward")

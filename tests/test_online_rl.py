@@ -70,6 +70,7 @@ CONVERSATIONAL = GRPO.replace(
     'data = Dataset.from_dict({"prompt": [[{"role": "user", "content": text}]\n'
     '                                         for text in tiny.sentences(16, seed=5, shortest=2, longest=5)]})\n'
     '    tokenizer = lm.tokenizer()\n'
+    '    tokenizer.model_input_names = ["input_ids", "attention_mask"]  # a causal LM takes no token_type_ids\n'
     '    tokenizer.chat_template = "{% for message in messages %}{{ message[\'content\'] }} {% endfor %}"',
 ).replace("def longer_is_better(completions, **kwargs):\n        return [float(len(completion.split())) for completion in completions]",
           "def longer_is_better(completions, **kwargs):\n"

@@ -25,7 +25,12 @@ SAVED = """
     import lm
     import tiny
 
-    tokenizer = lm.tokenizer()
+    from transformers import PreTrainedTokenizerFast
+
+    # What a decoder takes, kept by save_pretrained (a causal LM's tokenizer returns no token_type_ids).
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=lm.tokenizer().backend_tokenizer, model_max_length=64,
+                                        pad_token="[PAD]", unk_token="[UNK]", bos_token="[CLS]", eos_token="[SEP]",
+                                        model_input_names=["input_ids", "attention_mask"])
     tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
     lm.model().save_pretrained("model")
     tokenizer.save_pretrained("model")

@@ -33,7 +33,8 @@ def build_tokenizer(prompts):
     texts = [message["content"] for prompt in prompts for message in prompt] + ["user assistant"]
     core.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=[PAD, UNKNOWN, START, END]))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=END, pad_token=PAD, unk_token=UNKNOWN,
-                                        additional_special_tokens=[START])
+                                        additional_special_tokens=[START],
+                                        model_input_names=["input_ids", "attention_mask"])  # what a decoder takes
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
