@@ -538,6 +538,27 @@ def _reference_checkpoint(match: re.Match[str], error: BaseException) -> Explain
     )
 
 
+@_row(SCRIPT, "an online RL reference model loaded by the name of a model built from a config",
+      "OSError: Repo id must use alphanumeric chars '-', '_' or '.' ...: '' (RLOO, or GRPO, with beta > 0)",
+      r"", "load")
+def _online_reference(match: re.Match[str], error: BaseException) -> Explained | None:
+    args = _local_of_type(error, "args", lambda value: hasattr(value, "beta") and hasattr(value, "num_generations"))
+    model_id = _local_of_type(error, "model_id", lambda value: isinstance(value, str), innermost=True)
+    policy = _local_of_type(error, "model", _is_module)  # loaded already: the load that failed is the reference's
+    beta = getattr(args, "beta", 0)
+    if model_id is None or policy is None or not beta or not isinstance(error, (OSError, ValueError)):
+        return None
+    which = "a model built from a config does not have" if not model_id else "cannot be loaded here"
+    message = str(error)
+    return Explained(
+        f"with beta={beta:g}, the trainer builds a reference model for its KL term by loading the policy model's "
+        f"checkpoint by name ({model_id!r}), which {which} ({type(error).__name__}: "
+        f"{message.splitlines()[0] if message else ''})",
+        "set beta=0.0 in the config (no KL term, no reference model), or build the model with from_pretrained "
+        "from a checkpoint on this machine (save_pretrained it first)",
+    )
+
+
 #: The dataset formats each TRL trainer takes, as its documentation names them.
 TRL_FORMATS = {
     "SFTTrainer": "'text', or 'messages' (conversational), or 'prompt' and 'completion'",

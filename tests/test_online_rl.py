@@ -229,3 +229,19 @@ def test_use_vllm_on_a_machine_without_it_samples_with_generate_and_says_vllm_is
     assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
     result.stdout.fnmatch_lines(["not exercised: the script asks for use_vllm=True; vLLM is not installed, so "
                                  "completions are sampled with the model's own generate*vLLM itself is not exercised"])
+
+
+def test_rloo_with_its_default_kl_term_on_a_model_built_from_a_config_fails_load_with_the_cause(
+        project: pytest.Pytester) -> None:
+    """RLOO's beta=0.05 loads a reference model by the policy's name, which a model built from a config has not."""
+    default_beta = RLOO.replace("RLOOConfig(beta=0.0, ", "RLOOConfig(")
+    assert default_beta != RLOO
+    project.makepyfile(lm=LM)
+    write(project, "train.py", default_beta)
+    result = run_script(project)
+    assert failures(result) == ["load[cpu]"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([
+        "*load[[]cpu[]] failed: *with beta=0.05, the trainer builds a reference model for its KL term by loading the "
+        "policy model's checkpoint by name (''), which a model built from a config does not have*",
+        "*fix: set beta=0.0 in the config*",
+    ])
