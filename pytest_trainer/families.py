@@ -178,11 +178,10 @@ class Online(Family):
         batch, self.sampled = sampling.sample(trainer)
         if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by train(); the loss scales by it
             trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
-        advantages = batch.get("advantages")
-        if advantages is not None and not bool(advantages.abs().sum() > 0):
+        if not sampling.has_advantage(batch):
             self._no_signal = (
-                f"every advantage of the sampled batch is 0: each prompt's {self.sampled.group} completions got the "
-                "same total reward, so the policy loss has no gradient to check (targets names the reward functions)"
+                f"every advantage of the sampled batches is 0: each prompt's {self.sampled.group} completions got the "
+                "same total reward, so the policy loss has no gradient to check (targets says why)"
             )
         return batch
 

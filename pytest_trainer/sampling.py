@@ -80,8 +80,8 @@ class Sampled:
 
 
 def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
-    """The trainer's first generation batch (its prompts, sampled completions and advantages), and what made it and
-    the next ones, up to GROUPS prompts."""
+    """A generation batch of the trainer (its prompts, sampled completions and advantages): the first one drawn that
+    has an advantage to train on, else the first; and what made the batches drawn, up to GROUPS prompts."""
     import torch
 
     sampled = Sampled(
@@ -104,20 +104,28 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
         try:
             with diagnosis.pipeline_part("the training dataloader (its dataset and data_collator)"):
                 loader = iter(trainer.get_train_dataloader())
-                drawn = [next(loader)]
-            first = _scored(trainer, drawn[0])
-            while len(sampled.completions) < GROUPS * sampled.group and len(drawn) < DRAWS:
-                with diagnosis.pipeline_part("the training dataloader (its dataset and data_collator)"):
-                    more = next(loader, None)
-                if more is None:
+                chosen = _scored(trainer, next(loader))
+            for _ in range(DRAWS - 1):
+                if len(sampled.completions) >= GROUPS * sampled.group:
                     break
-                drawn.append(more)
-                _scored(trainer, more)
+                with diagnosis.pipeline_part("the training dataloader (its dataset and data_collator)"):
+                    prompts = next(loader, None)
+                if prompts is None:
+                    break
+                scored = _scored(trainer, prompts)
+                if not has_advantage(chosen) and has_advantage(scored):
+                    chosen = scored
         finally:
             model.train(was_training)
             if where is not None and where != home:
                 model.to(where)
-    return dict(first), sampled
+    return dict(chosen), sampled
+
+
+def has_advantage(batch: Any) -> bool:
+    """Whether some completion of a scored batch has a non-zero advantage (a gradient to train on)."""
+    advantages = batch.get("advantages")
+    return advantages is None or bool(advantages.abs().sum() > 0)
 
 
 def _scored(trainer: Any, prompts: list[dict[str, Any]]) -> Any:

@@ -113,7 +113,7 @@ def test_a_reward_that_reads_a_chat_completion_as_a_string_fails_targets_naming_
     ])
     for stage in STEPPING:
         assert report[stage]["outcome"] == "skipped"
-        assert "every advantage of the sampled batch is 0" in report[stage]["reason"]
+        assert "every advantage of the sampled batches is 0" in report[stage]["reason"]
 
 
 def test_a_sparse_reward_the_untrained_model_never_earns_is_no_failure(project: pytest.Pytester) -> None:
@@ -133,7 +133,7 @@ def test_a_sparse_reward_the_untrained_model_never_earns_is_no_failure(project: 
     assert report["targets"]["outcome"] == "passed"
     assert any("responded to the rows' `answer`" in note for note in report["targets"]["notes"])
     for stage in STEPPING:
-        assert "every advantage of the sampled batch is 0" in report[stage]["reason"]
+        assert "every advantage of the sampled batches is 0" in report[stage]["reason"]
 
 
 ONE_PER_COMPLETION = "*fix: return a list with one float per completion from `longer_is_better`*"
@@ -245,3 +245,17 @@ def test_rloo_with_its_default_kl_term_on_a_model_built_from_a_config_fails_load
         "policy model's checkpoint by name (''), which a model built from a config does not have*",
         "*fix: set beta=0.0 in the config*",
     ])
+
+
+def test_the_batch_stepped_on_is_the_first_drawn_with_an_advantage(project: pytest.Pytester) -> None:
+    """A first batch whose completions tie (here: the reward of the first call) teaches nothing; a later batch drawn
+    for the audit does, and the training stages step on that one rather than skip."""
+    tied_first = GRPO.replace(
+        "def longer_is_better(completions, **kwargs):\n        return",
+        "calls = []\n\n\n    def longer_is_better(completions, **kwargs):\n        calls.append(1)\n"
+        "        if len(calls) == 1:\n            return [1.0] * len(completions)\n        return")
+    assert tied_first.count("calls") == 3
+    result, report = run_grpo(project, tied_first)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
+    assert report["backward"]["figures"]["gradient_norm"] > 0
