@@ -128,6 +128,21 @@ def test_parameters_left_out_of_the_loss_are_a_note_where_ddp_looks_for_unused_p
                "unused_head.bias" in note for note in backward["notes"]), backward["notes"]
 
 
+def test_a_forward_cut_before_the_layers_fails_backward_though_ddp_looks_for_unused_parameters(
+        project: pytest.Pytester) -> None:
+    """Embeddings whose output is detached get no gradient: the loss is cut through the model, and they never train,
+    whatever DistributedDataParallel accepts."""
+    script = textwrap.dedent(GOOD_SCRIPT).replace(
+        "trainer = Trainer(model=tiny.classifier()",
+        "model = tiny.classifier()\nmodel.bert.embeddings.register_forward_hook(lambda module, args, out: out.detach())\n"
+        "trainer = Trainer(model=model")
+    assert "detach" in script
+    write(project, "train.py", script)
+    result = run_script(project, "--trainer-stages=backward")
+    assert failures(result) == ["backward[cpu]"]
+    result.stdout.fnmatch_lines(["*trainable parameters get no gradient from the loss: bert.embeddings.*"])
+
+
 def test_parameters_left_out_of_the_loss_fail_backward_where_ddp_does_not_look_for_them(
         project: pytest.Pytester) -> None:
     script = UNUSED_HEAD.replace("TrainingArguments(", "TrainingArguments(ddp_find_unused_parameters=False, ", 1)

@@ -44,12 +44,13 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "look for NaN or infinite inputs or labels, a loss that divides by zero, or fp16 overflow "
             "(use bf16 or a loss scaler)",
         )
-    # A model's own parameter that the loss does not reach (LLaVA's vision tower computes a pooled output it never
-    # uses) does not train, which DistributedDataParallel accepts where it looks for unused parameters, as the
-    # Trainer sets it up by default. Adapters are what the script trains: one without a gradient is a defect.
+    # A model's own parameter on a side branch the loss does not use (LLaVA's vision tower computes a pooled output
+    # it never reads) does not train, which DistributedDataParallel accepts where it looks for unused parameters, as
+    # the Trainer sets it up by default. Adapters are what the script trains, and a loss that does not reach the
+    # input embeddings is cut through the model (a .detach() or no_grad in the forward): those are defects.
     notes = []
     spare = [name for name in missing if not _adapter(name)]
-    if spare and _ddp_finds_unused(pipeline):
+    if spare and _ddp_finds_unused(pipeline) and not set(spare) & _embedding_names(model):
         missing = [name for name in missing if name not in spare]
         notes.append(f"{len(spare)} trainable parameters get no gradient from the loss, so they do not train: "
                      f"{_names(spare)} (DistributedDataParallel skips them: find_unused_parameters is on)")
@@ -74,6 +75,18 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 def _adapter(name: str) -> bool:
     """A parameter PEFT adds for training: LoRA weights, a module saved whole, trainable token rows."""
     return "lora_" in name or ".modules_to_save." in name or "trainable_tokens" in name
+
+
+def _embedding_names(model: Any) -> set[str]:
+    """The names of the input embeddings' parameters (none for a model without get_input_embeddings)."""
+    try:
+        embeddings = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return set()
+    if embeddings is None:
+        return set()
+    owned = {id(parameter) for parameter in embeddings.parameters()}
+    return {name for name, parameter in model.named_parameters() if id(parameter) in owned}
 
 
 def _ddp_finds_unused(pipeline: Pipeline) -> bool:
