@@ -259,53 +259,37 @@ PROCESSOR_SETTINGS = ("image_token", "patch_size", "vision_feature_select_strate
                       "image_seq_len", "num_image_tokens")
 
 
-def check_saved_processor(pipeline: Pipeline, folder: str) -> None:
-    """A vision-language checkpoint reloads with the processor the script trains with: its image processor's
-    settings, the settings that count image tokens, the tokenizer's vocabulary and the chat template."""
-    if pipeline.task.image_token is None:
+def check_processor_saved(pipeline: Pipeline) -> None:
+    """A vision-language model is saved with a processor that prepares images, not a tokenizer alone."""
+    given = getattr(pipeline.trainer, "processing_class", None)
+    if pipeline.task.image_token is None or processor_of(pipeline) is not None or given is None or \
+            not hasattr(given, "save_pretrained"):
         return
-    trainer = pipeline.trainer
-    given = getattr(trainer, "processing_class", None)
-    if processor_of(pipeline) is None:
-        if given is not None and hasattr(given, "save_pretrained"):
-            raise diagnosis.PipelineFailure(
-                f"the Trainer saves a {type(given).__name__} without an image processor beside the vision-language "
-                f"model: the checkpoint holds no image settings, so AutoProcessor.from_pretrained(checkpoint) cannot "
-                "prepare images for it",
-                "pass the processor (image processor and tokenizer together) as processing_class= to the Trainer, "
-                "not its tokenizer alone",
-            )
-        return
-    from_pretrained = getattr(type(given), "from_pretrained", None)
-    if not callable(from_pretrained):
-        return
-    with diagnosis.pipeline_part(f"reloading the saved {type(given).__name__}"):
-        reloaded = from_pretrained(folder)
-    for what, before, after in _settings(given, reloaded):
-        if before != after:
-            raise diagnosis.PipelineFailure(
-                f"the {type(given).__name__} saved with the checkpoint reloads with another {what} ({before!r} became "
-                f"{after!r}): the reloaded model is fed images prepared otherwise than in training",
-                "save the processor the script trains with (pass it as processing_class=) and set its settings "
-                "through its constructor or attributes that save_pretrained writes, not after saving or in code that "
-                "a reload does not run",
-            )
+    raise diagnosis.PipelineFailure(
+        f"the Trainer saves a {type(given).__name__} without an image processor beside the vision-language "
+        f"model: the checkpoint holds no image settings, so AutoProcessor.from_pretrained(checkpoint) cannot "
+        "prepare images for it",
+        "pass the processor (image processor and tokenizer together) as processing_class= to the Trainer, "
+        "not its tokenizer alone",
+    )
 
 
-def _settings(given: Any, reloaded: Any) -> list[tuple[str, Any, Any]]:
-    """(what, as trained, as reloaded) for each setting compared."""
-    pairs: list[tuple[str, Any, Any]] = [("image processor class", type(given.image_processor).__name__,
-              type(getattr(reloaded, "image_processor", None)).__name__)]
-    ours = _plain(given.image_processor.to_dict())
-    theirs = _plain(reloaded.image_processor.to_dict()) if hasattr(reloaded, "image_processor") else {}
+def image_settings(given: Any, reloaded: Any) -> list[tuple[str, Any, Any]]:
+    """(what, as trained, as reloaded) for each setting of a processor that decides how images become inputs."""
+    image_processor = getattr(given, "image_processor", None)
+    if image_processor is None:
+        return []
+    again = getattr(reloaded, "image_processor", None)
+    pairs: list[tuple[str, Any, Any]] = [("image processor class", type(image_processor).__name__,
+                                          type(again).__name__)]
+    ours = _plain(image_processor.to_dict())
+    theirs = _plain(again.to_dict()) if again is not None else {}
     for key in sorted(ours):
         if "processor_class" not in key:
             pairs.append((f"image processor setting {key!r}", ours[key], theirs.get(key)))
     for key in PROCESSOR_SETTINGS:
         if hasattr(given, key):
             pairs.append((f"processor setting {key!r}", getattr(given, key), getattr(reloaded, key, None)))
-    pairs.append(("vocabulary size", len(given.tokenizer), len(getattr(reloaded, "tokenizer", None) or [])))
-    pairs.append(("chat template", getattr(given, "chat_template", None), getattr(reloaded, "chat_template", None)))
     return pairs
 
 

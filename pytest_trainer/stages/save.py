@@ -65,10 +65,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         with torch.no_grad():
             how = _compare_reloaded(pipeline, model, first_rows(batch, pipeline.task.sequence, COMPARED_ROWS),
                                     folder, device)
-        _check_processor(trainer, folder)
-        from pytest_trainer import vision_text
-
-        vision_text.check_saved_processor(pipeline, folder)
+        _check_processor(pipeline, folder)
     result.figures.update({"checkpoint_mib": size / 2**20, "checkpoint_files": float(len(files))})
     result.notes.append(f"checkpoint of {size / 2**20:.1f} MiB ({', '.join(files)}); {how}")
     return result
@@ -260,26 +257,39 @@ def _compare_state_dict(model: Any, folder: str) -> str:
             "(reload it with load_state_dict(safetensors.torch.load_file(...)))")
 
 
-def _check_processor(trainer: Any, folder: str) -> None:
-    """The tokenizer or processor saved beside the model loads back as the same one."""
-    processor = getattr(trainer, "processing_class", None)
+def _check_processor(pipeline: Pipeline, folder: str) -> None:
+    """The tokenizer or processor saved beside the model loads back as the same one: its vocabulary, its chat
+    template, and for a vision-language model the settings that prepare its images."""
+    from pytest_trainer import vision_text
+
+    vision_text.check_processor_saved(pipeline)
+    processor = getattr(pipeline.trainer, "processing_class", None)
     from_pretrained = getattr(type(processor), "from_pretrained", None)
     if processor is None or not callable(from_pretrained) or not hasattr(processor, "save_pretrained"):
         return
     with diagnosis.pipeline_part(f"reloading the saved {type(processor).__name__}"):
         reloaded = from_pretrained(folder)
-    for what, read in (("vocabulary size", len), ("chat template", lambda p: getattr(p, "chat_template", None))):
-        try:
-            before, after = read(processor), read(reloaded)
-        except TypeError:  # a processor without a vocabulary
-            continue
+    compared = [("vocabulary size", _vocabulary(processor), _vocabulary(reloaded)),
+                ("chat template", getattr(processor, "chat_template", None), getattr(reloaded, "chat_template", None))]
+    if pipeline.task.image_token is not None:
+        compared += vision_text.image_settings(processor, reloaded)
+    for what, before, after in compared:
         if before != after:
             raise diagnosis.PipelineFailure(
                 f"the {type(processor).__name__} saved with the checkpoint reloads with another {what} "
-                f"({before!r} became {after!r})",
+                f"({before!r} became {after!r}): a reloaded model is fed otherwise than in training",
                 "save the tokenizer or processor the script trains with (pass it as processing_class=) and keep its "
-                "settings in what save_pretrained writes",
+                "settings in what save_pretrained writes (its constructor or saved attributes), not in code a reload "
+                "does not run",
             )
+
+
+def _vocabulary(processor: Any) -> int | None:
+    """The size of the vocabulary of a tokenizer, or of the one inside a processor (None where there is none)."""
+    try:
+        return len(getattr(processor, "tokenizer", processor))
+    except TypeError:
+        return None
 
 
 def _listing(folder: str) -> str:
