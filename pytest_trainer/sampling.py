@@ -50,7 +50,6 @@ class Sampled:
     #: Completions sampled per prompt: the rewards of each group of this many rows are compared.
     group: int
     max_completion_length: int | None
-    prompts: list[Any] = field(default_factory=list)
     completions: list[Any] = field(default_factory=list)
     #: One row per completion, one column per reward function (NaN where a function returned None).
     rewards: list[list[float]] = field(default_factory=list)
@@ -84,9 +83,11 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
     has an advantage to train on, else the first; and what made the batches drawn, up to GROUPS prompts."""
     import torch
 
+    names = list(getattr(trainer, "reward_func_names", []))
+    weights = [float(weight) for weight in getattr(trainer, "reward_weights", torch.ones(0)).tolist()]
     sampled = Sampled(
-        names=list(getattr(trainer, "reward_func_names", [])),
-        weights=[float(weight) for weight in getattr(trainer, "reward_weights", torch.ones(0)).tolist()],
+        names=names,
+        weights=weights if len(weights) == len(names) else [1.0] * len(names),
         functions={},
         group=int(getattr(trainer, "num_generations", 1) or 1),
         max_completion_length=getattr(trainer.args, "max_completion_length", None),
@@ -163,10 +164,10 @@ def _recorded(trainer: Any, sampled: Sampled) -> Iterator[None]:
 
     def scored(inputs: Any, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]]) -> Any:
         rewards = score(inputs, prompts, completions, completion_ids)
-        sampled.prompts.extend(prompts)
         sampled.completions.extend(completions)
         sampled.rewards.extend(rewards.detach().float().cpu().tolist())
-        ends = set(getattr(trainer, "eos_token_ids", None) or [trainer.processing_class.eos_token_id])
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        ends = set(getattr(trainer, "eos_token_ids", None) or [getattr(tokenizer, "eos_token_id", None)])
         sampled.lengths.extend(len(ids) for ids in completion_ids)
         sampled.ended.extend(bool(ids) and int(ids[-1]) in ends for ids in completion_ids)
         return rewards
