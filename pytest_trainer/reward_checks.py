@@ -43,39 +43,50 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
         f"{count} completions of {len(spreads)} prompts ({sampled.group} each); reward spread (max - min) per group: "
         + ", ".join(f"{spread:.3g}" for spread in spreads)
     )
-    notes.append(f"{ended} of {count} completions end within max_completion_length="
-                        f"{sampled.max_completion_length} (mean length {figures['mean_completion_length']:.1f} "
-                        "tokens)")
+    notes.append(f"{ended} of {count} completions end within max_completion_length={sampled.max_completion_length} "
+                 f"(mean length {figures['mean_completion_length']:.1f} tokens)")
+    findings = []  # both are reported: neither hides the other
     if count and not ended:
-        raise diagnosis.PipelineFailure(
+        findings.append(diagnosis.Finding(
             f"none of the {count} sampled completions ends within max_completion_length="
             f"{sampled.max_completion_length}: every one is cut before an end-of-sequence token, so the reward "
             "functions never see a finished answer",
             f"raise max_completion_length (now {sampled.max_completion_length}), and check that the model's "
             "generation_config.eos_token_id is the token the tokenizer ends its answers with",
-        )
+        ))
     if any(spread > SAME for spread in spreads):
         _note_deaf(sampled, notes)
-        return
-    deaf = {name: _responds(sampled, name) for name in sampled.functions}
-    heard = [name for name, probe in deaf.items() if probe]
-    unprobed = [name for name in sampled.names if name not in sampled.functions]
-    if heard or unprobed or not deaf:
+    else:
+        deaf = _unread(sampled, notes)
+        if deaf is not None:
+            findings.append(deaf)
+    if findings:
+        raise diagnosis.together(findings)
+
+
+def _unread(sampled: Sampled, notes: list[str]) -> diagnosis.Finding | None:
+    """Every group's rewards are equal: the reward functions that read no completion, or a note that they do."""
+    probed = {name: _responds(sampled, name) for name in sampled.functions}
+    heard = [f"`{name}` responded to {probe}" for name, probe in probed.items() if probe]
+    models = [f"`{name}`" for name in sampled.names if name not in sampled.functions]
+    if heard or models or not probed:
+        said = "; ".join(heard + ([f"{', '.join(models)} (a reward model, not probed)"] if models else []))
         notes.append(
-            f"every group's completions got the same total reward, so this batch has no advantage to train on; the "
-            f"reward functions do score completions ({_listed(heard + unprobed)} responded to "
-            f"{', '.join(deaf[name] for name in heard) or 'a reward model'}): the model at its starting weights "
-            "never earns a different reward. The stages that step on the gradient skip"
+            "every group's completions got the same total reward, so this batch has no advantage to train on; the "
+            f"reward functions do score completions ({said}): the model at its starting weights never earns a "
+            "different reward. The stages that step on the gradient skip"
         )
-        return
-    constant = {name: _constant(sampled, name) for name in deaf}
-    shown = "; ".join(f"`{name}` gives {value}" for name, value in constant.items())
-    raise diagnosis.PipelineFailure(
-        f"the reward function{'s' if len(deaf) > 1 else ''} {_listed(list(deaf))} give{'' if len(deaf) > 1 else 's'} "
-        f"every completion of a prompt the same reward ({shown}), and the same to other prompts' completions, an "
-        "empty one and the dataset's own answers: the completion is not read, so every advantage is 0 and the "
-        "policy loss has no gradient at any step",
-        f"score each completion in {_listed(list(deaf))}: "
+        return None
+    deaf = list(probed)
+    shown = "; ".join(f"`{name}` gives {_constant(sampled, name)}" for name in deaf)
+    calls = sampled.calls.get(deaf[0]) or []
+    tried = ", ".join(what for what, _ in _probes(sampled, calls[0].arguments)) if calls else "none"
+    return diagnosis.Finding(
+        f"the reward function{'s' if len(deaf) > 1 else ''} {_listed(deaf)} give{'' if len(deaf) > 1 else 's'} "
+        f"every completion of a prompt the same reward ({shown}), and the same to other completions of the same "
+        f"rows ({tried}): the completion is not read, so every advantage is 0 and the policy loss has no gradient "
+        "at any step",
+        f"score each completion in {_listed(deaf)}: "
         + ("completions are lists of messages here, so read the text as completion[0]['content']"
            if sampled.conversational else "completions are strings here")
         + "; return one reward per completion that depends on it",

@@ -259,3 +259,18 @@ def test_the_batch_stepped_on_is_the_first_drawn_with_an_advantage(project: pyte
     assert failures(result) == [], result.stdout.str()[-4000:]
     assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
     assert report["backward"]["figures"]["gradient_norm"] > 0
+
+
+def test_completions_that_never_end_do_not_hide_a_reward_that_reads_none(project: pytest.Pytester) -> None:
+    both = GRPO.replace("max_completion_length=8,",
+                        "max_completion_length=3,\n                      "
+                        "generation_kwargs={\"suppress_tokens\": [lm.tokenizer().eos_token_id]},").replace(
+        "return [float(len(completion.split())) for completion in completions]", "return [1.0] * len(completions)")
+    assert both.count("suppress_tokens") == 1 and "[1.0] * len(completions)" in both
+    result, _ = run_grpo(project, both)
+    assert failures(result) == ["targets[cpu]"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([
+        "*targets[[]cpu[]] failed: none of the 16 sampled completions ends within max_completion_length=3*",
+        "*also: the reward function `longer_is_better` gives every completion of a prompt the same reward (`longer_is_"
+        "better` gives 1), and the same to other completions of the same rows (empty completions)*",
+    ])
