@@ -164,10 +164,13 @@ def test_a_reward_of_none_where_a_function_does_not_apply_passes(project: pytest
     assert failures(result) == [], result.stdout.str()[-4000:]
 
 
+#: Completions of 3 tokens that can never end: the eos token is suppressed in generation.
+NEVER_ENDS = GRPO.replace("max_completion_length=8,", "max_completion_length=3,\n                      "
+                          "generation_kwargs={\"suppress_tokens\": [lm.tokenizer().eos_token_id]},")
+
+
 def test_completions_that_never_end_within_max_completion_length_fail_targets(project: pytest.Pytester) -> None:
-    cut = GRPO.replace("max_completion_length=8,",
-                       "max_completion_length=3,\n                      "
-                       "generation_kwargs={\"suppress_tokens\": [lm.tokenizer().eos_token_id]},")
+    cut = NEVER_ENDS
     assert cut != GRPO
     result, _ = run_grpo(project, cut)
     assert "targets[cpu]" in failures(result), result.stdout.str()[-4000:]
@@ -262,10 +265,8 @@ def test_the_batch_stepped_on_is_the_first_drawn_with_an_advantage(project: pyte
 
 
 def test_completions_that_never_end_do_not_hide_a_reward_that_reads_none(project: pytest.Pytester) -> None:
-    both = GRPO.replace("max_completion_length=8,",
-                        "max_completion_length=3,\n                      "
-                        "generation_kwargs={\"suppress_tokens\": [lm.tokenizer().eos_token_id]},").replace(
-        "return [float(len(completion.split())) for completion in completions]", "return [1.0] * len(completions)")
+    both = NEVER_ENDS.replace("return [float(len(completion.split())) for completion in completions]",
+                              "return [1.0] * len(completions)")
     assert both.count("suppress_tokens") == 1 and "[1.0] * len(completions)" in both
     result, _ = run_grpo(project, both)
     assert failures(result) == ["targets[cpu]"], result.stdout.str()[-4000:]
