@@ -186,6 +186,9 @@ OPTIONS: tuple[Option, ...] = (
            _path, "PATH"),
     Option("baseline", "folder of regression baselines, one text file per script: the first run records the "
            "pipeline's key figures, later runs fail when one moved (adds the baseline[cpu] item).", _path, "DIR"),
+    Option("processes", "train the script in N processes under torch.distributed.run (DDP on gloo on the CPU, NCCL "
+           "on N GPUs) and check what only several processes break: adds the distributed items (default: 1, which "
+           "adds nothing).", _count(), "N"),
     Option("baseline_update", "rewrite the baselines with the figures of this run.", _switch, ini=None, switch=True),
 )
 #: Settings named differently from their option.
@@ -213,6 +216,8 @@ def resolve(config: pytest.Config) -> Settings:
         raw = option.raw(config)
         if raw is not None:
             values[_FIELDS.get(option.name, option.name)] = option.convert(raw)
+    if values.get("processes") == 1:
+        del values["processes"]  # one process is the default: no distributed item
     stages = values.get("stages", ())
     unset = [name for name, setting in OPT_IN.items() if name in stages and not values.get(setting)]
     if unset:  # an opt-in stage runs only where its setting is given

@@ -11,6 +11,7 @@ import copy
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import adapters, diagnosis, families, fed, tasks, training
@@ -32,6 +33,9 @@ class Pipeline:
         self.trainer = trainer
         self.name = name
         self.settings = settings or Settings()
+        #: The script that built the Trainer and the factory called in it (None for a Trainer from a fixture).
+        self.script: Path | None = None
+        self.factory: str | None = None
         #: Facts about how the pipeline was loaded, for the report (sampling, say).
         self.notes: list[str] = []
         #: How this kind of trainer makes its batches and takes its loss.

@@ -34,3 +34,5 @@ class Settings:
     report: Path | None = None
     baseline: Path | None = None
     baseline_update: bool = False
+    #: Processes the distributed item trains with under torch.distributed.run (1: no distributed item).
+    processes: int = 1

@@ -18,15 +18,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer", "pytest_trainer.plugin"),  # the public API and the hooks
     ("pytest_trainer.items", "pytest_trainer.session", "pytest_trainer.options", "pytest_trainer.reporting"),
     ("pytest_trainer.plan",),  # the items, ordered from the stages' declarations
-    ("pytest_trainer.loading", "pytest_trainer.script_errors"),  # running a script up to trainer.train()
+    ("pytest_trainer.loading", "pytest_trainer.script_errors",
+     "pytest_trainer.rank"),  # running a script up to trainer.train(), here or in one rank of several
     ("pytest_trainer.stages",),  # the registry of stages and the runner of one
     ("pytest_trainer.stages.*",),  # one module per stage, and what a stage is
     ("pytest_trainer.data_checks", "pytest_trainer.task_checks", "pytest_trainer.explanations",
      "pytest_trainer.strategies", "pytest_trainer.search", "pytest_trainer.memory", "pytest_trainer.accumulation",
-     "pytest_trainer.reward_checks", "pytest_trainer.vision_text"),
+     "pytest_trainer.reward_checks", "pytest_trainer.vision_text", "pytest_trainer.rank_checks"),
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
     ("pytest_trainer.families", "pytest_trainer.fed", "pytest_trainer.training", "pytest_trainer.losses",
-     "pytest_trainer.adapters", "pytest_trainer.sampling"),  # trainer families, fed data, training runs, losses
+     "pytest_trainer.adapters", "pytest_trainer.sampling", "pytest_trainer.processes",
+     "pytest_trainer.sharding"),  # trainer families, fed data, training runs, losses
     ("pytest_trainer.tasks",),  # what a task's labels and inputs are
     ("pytest_trainer.model_facts", "pytest_trainer.tables", "pytest_trainer.devices", "pytest_trainer.settings",
      "pytest_trainer.diagnosis", "pytest_trainer.timeouts"),  # facts

@@ -1,0 +1,136 @@
+"""Start the script in several processes with torch.distributed.run, as users start their real runs, and collect
+what each rank recorded (`rank`), within a time limit that a hung or dead rank cannot outlast.
+
+torchrun runs in a session of its own, so that on time out its whole process group (torchrun and the ranks) is
+killed. Before that, each rank is asked for its Python stack (faulthandler on SIGUSR1): where a rank waits is
+where it hung.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Lines of torchrun's output kept for a failure's details.
+TAIL = 25
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every rank runs: the script as the pytest process loaded it, and what to do with its Trainer."""
+
+    script: Path
+    script_args: tuple[str, ...]
+    factory: str | None
+    sample: int
+    batch_size: int
+    processes: int
+    device: str
+    #: Optimizer steps each rank takes through the Trainer's own train().
+    steps: int
+    #: The job's folder: the job file, each rank's record and stack, the shared output folder, the fixed batch.
+    folder: Path
+    #: The layer classes to shard with fully_shard, where the script asks for FSDP (None: it does not).
+    fsdp_layers: list[str] | None = None
+
+    @property
+    def output_dir(self) -> Path:
+        return self.folder / "output"
+
+    @property
+    def batch(self) -> Path:
+        return self.folder / "batch.pt"
+
+
+@dataclass
+class Ranks:
+    """What came back: each rank's record (its facts, progress and error) and how the job ended."""
+
+    records: list[dict[str, Any]]
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    output: list[str] = field(default_factory=list)
+    stacks: dict[int, str] = field(default_factory=dict)
+
+    def errors(self) -> list[tuple[int, dict[str, Any]]]:
+        return [(record["rank"], record["error"]) for record in self.records if record.get("error")]
+
+
+def run(job: Job, timeout: float) -> Ranks:
+    job.folder.mkdir(parents=True, exist_ok=True)
+    job.output_dir.mkdir(exist_ok=True)
+    job_file = job.folder / "job.json"
+    job_file.write_text(json.dumps({
+        "script": str(job.script), "script_args": list(job.script_args), "factory": job.factory,
+        "sample": job.sample, "batch_size": job.batch_size, "steps": job.steps, "folder": str(job.folder),
+        "output_dir": str(job.output_dir), "batch": str(job.batch), "fsdp_layers": job.fsdp_layers,
+    }))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.processes}",
+               "-m", "pytest_trainer.rank", str(job_file)]
+    log = job.folder / "torchrun.log"
+    started = time.monotonic()
+    with open(log, "wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=_environment(job.device),
+                                   start_new_session=True, cwd=job.folder)
+        timed_out = False
+        try:
+            process.wait(timeout=timeout if timeout > 0 else None)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            stacks = _stop(process, job) if timed_out or process.poll() is None else {}
+    lines = log.read_text(errors="replace").splitlines()
+    records = [_read(job.folder / f"rank-{rank}.json", rank) for rank in range(job.processes)]
+    stacks = stacks or {}
+    return Ranks(records, None if timed_out else process.returncode, timed_out, time.monotonic() - started,
+                 [line for line in lines if line.strip()][-TAIL:], stacks)
+
+
+def _environment(device: str) -> dict[str, str]:
+    environment = dict(os.environ)
+    environment.setdefault("OMP_NUM_THREADS", "1")
+    if device == "cpu":
+        # Without it, transformers gives each process world_size=1 on a machine without a GPU: each would train alone.
+        environment["ACCELERATE_USE_CPU"] = "true"
+        environment["CUDA_VISIBLE_DEVICES"] = ""
+    return environment
+
+
+def _stop(process: subprocess.Popen[bytes], job: Job) -> dict[int, str]:
+    """Ask each rank where it is, then kill torchrun's whole process group."""
+    stacks: dict[int, str] = {}
+    pids = {rank: _read(job.folder / f"rank-{rank}.json", rank).get("pid") for rank in range(job.processes)}
+    for pid in pids.values():
+        if isinstance(pid, int):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    for rank in pids:
+        path = job.folder / f"stack-{rank}.txt"
+        if path.is_file():
+            stacks[rank] = path.read_text(errors="replace")
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for pid in pids.values():  # a rank that left torchrun's group
+        if isinstance(pid, int):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    process.wait()
+    return stacks
+
+
+def _read(path: Path, rank: int) -> dict[str, Any]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"rank": rank, "progress": "not started"}
+    return found if isinstance(found, dict) else {"rank": rank, "progress": "not started"}
