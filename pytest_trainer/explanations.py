@@ -498,6 +498,45 @@ def _unexpected_keyword(match: re.Match[str], error: BaseException, facts: Pipel
     )
 
 
+@_row(PIPELINE, "parameters DDP got no gradient for (several processes)",
+      "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.",
+      r"Expected to have finished reduction in the prior iteration", "distributed")
+def _ddp_unused(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    names = list(getattr(error, "unused_parameters", None) or [])
+    shown = f" ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})" if names else ""
+    args = getattr(facts.trainer, "args", None)
+    checkpointing = _checkpointing(args)
+    why = ("with gradient checkpointing on, the Trainer sets DDP's find_unused_parameters=False"
+           if checkpointing and getattr(args, "ddp_find_unused_parameters", None) is None
+           else "the script sets ddp_find_unused_parameters=False" if getattr(args, "ddp_find_unused_parameters", None)
+           is False else "DDP does not look for unused parameters")
+    reentrant = " with gradient_checkpointing_kwargs={'use_reentrant': False}" if checkpointing else ""
+    return Explained(
+        f"{len(names) or 'some'} trainable parameters get no gradient in a step{shown}: the forward does not use "
+        f"them, and {why}, so DDP waits for their gradients and stops at the next step",
+        "freeze or remove what the forward never uses (parameter.requires_grad_(False)), or set "
+        f"ddp_find_unused_parameters=True in TrainingArguments{reentrant}",
+    )
+
+
+@_row(PIPELINE, "reentrant gradient checkpointing under DDP looking for unused parameters",
+      "RuntimeError: Expected to mark a variable ready only once.",
+      r"Expected to mark a variable ready only once", "distributed")
+def _ddp_ready_twice(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    args = getattr(facts.trainer, "args", None)
+    if not _checkpointing(args):
+        return None  # a parameter used outside forward, or shared between passes: the library's message says so
+    return Explained(
+        "reentrant gradient checkpointing (use_reentrant=True) runs each layer's backward again, so DDP, which "
+        "looks for unused parameters, sees their gradients arrive twice",
+        "checkpoint without reentrance: gradient_checkpointing_kwargs={'use_reentrant': False} in TrainingArguments",
+    )
+
+
+def _checkpointing(args: Any) -> bool:
+    return bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
+
+
 # ---- script rows: errors while the script builds its Trainer ----------------------------------------------------
 
 
