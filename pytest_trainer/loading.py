@@ -60,6 +60,8 @@ class _Capture:
         self.asked: set[str] = set()
         #: Engines the script asked for that this machine cannot run, turned off: one line each.
         self.unexercised: list[str] = []
+        #: The fsdp_config of arguments that ask for FSDP, turned off in one process (None: none asks for it).
+        self.fsdp: dict[str, Any] | None = None
 
     @property
     def trainer(self) -> Trainer | None:
@@ -88,6 +90,8 @@ class LoadedScript:
     asked_precision: frozenset[str] = frozenset()
     #: Engines the script asked for that this machine cannot run (vLLM), turned off and not exercised.
     unexercised: tuple[str, ...] = ()
+    #: The fsdp_config of a script that asks for FSDP, which one process cannot run (None: it does not ask).
+    fsdp: dict[str, Any] | None = None
 
 
 def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -142,7 +146,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
     return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision), frozenset(capture.asked),
-                        tuple(capture.unexercised))
+                        tuple(capture.unexercised), capture.fsdp)
 
 
 def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
@@ -293,6 +297,9 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         if unexercised and unexercised not in capture.unexercised:
             capture.unexercised.append(unexercised)
         original_post_init(self)
+        fsdp = fsdp_in_one_process(self)
+        if fsdp is not None:
+            capture.fsdp = fsdp
         sandbox_arguments(self, sandbox)
         capture.asked.update(asked)
         line = (f"the script asks for {', '.join(f'{name}=True' for name in asked)}; this machine has no GPU, so "
@@ -355,6 +362,19 @@ def engines_for_this_machine(args: Any) -> str | None:
     args.use_vllm = False
     return (f"the script asks for use_vllm=True; {missing}, so completions are sampled with the model's own "
             "generate (the script's generation settings) and vLLM itself is not exercised")
+
+
+def fsdp_in_one_process(args: Any) -> dict[str, Any] | None:
+    """Turn off the FSDP a script asks for where it runs in one process (the Trainer refuses FSDP outside distributed
+    training); return its fsdp_config, or None where it asks for none or runs under torch.distributed."""
+    if not getattr(args, "fsdp", None) or os.environ.get("WORLD_SIZE", "1") != "1":
+        return None
+    config = dict(getattr(args, "fsdp_config", None) or {})
+    args.fsdp = False if isinstance(args.fsdp, bool) else type(args.fsdp)()
+    if hasattr(args, "fsdp_plugin_args"):
+        args.fsdp_plugin_args = None
+    os.environ.pop("ACCELERATE_USE_FSDP", None)  # put back with the rest of the environment after the script
+    return config
 
 
 def sandbox_arguments(args: Any, sandbox: Sandbox) -> None:

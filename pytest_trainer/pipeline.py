@@ -36,6 +36,8 @@ class Pipeline:
         #: The script that built the Trainer and the factory called in it (None for a Trainer from a fixture).
         self.script: Path | None = None
         self.factory: str | None = None
+        #: The fsdp_config of a script that asks for FSDP, which this process runs without (None: it asks for none).
+        self.asked_fsdp: dict[str, Any] | None = None
         #: Facts about how the pipeline was loaded, for the report (sampling, say).
         self.notes: list[str] = []
         #: How this kind of trainer makes its batches and takes its loss.

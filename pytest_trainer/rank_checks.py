@@ -33,8 +33,8 @@ HANG_CAUSES = ("ranks that take a different number of steps (data of different l
                "ranks run (under `if rank == 0:`) calling evaluate(), save or a barrier")
 
 
-class RankFailure(diagnosis.PipelineFailure):
-    """A failure of one rank, told with its rank."""
+#: What a rank raises when another one is gone: a consequence, never the cause.
+PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|communicator was aborted|Socket Timeout")
 
 
 def stopped(pipeline: Pipeline, ranks: Ranks, job: Job) -> None:
@@ -42,12 +42,13 @@ def stopped(pipeline: Pipeline, ranks: Ranks, job: Job) -> None:
     __tracebackhide__ = True
     data = different_data(ranks)
     errors = ranks.errors()
-    if errors:
-        failure = _error(pipeline, *errors[0], [rank for rank, _ in errors[1:]])
+    own = [(rank, error) for rank, error in errors if not PEER_LOST.search(error["message"])]
+    if own:
+        failure = _error(pipeline, *own[0], [rank for rank, _ in errors if rank != own[0][0]])
         raise _with(failure, data)
     if ranks.timed_out:
         raise _with(_hang(ranks, job), data)
-    unfinished = [record for record in ranks.records if record.get("progress") != "done"]
+    unfinished = [record for record in ranks.records if record.get("progress") != "done" and not record.get("error")]
     if unfinished or ranks.returncode:
         record = unfinished[0] if unfinished else ranks.records[0]
         failure = diagnosis.PipelineFailure(
@@ -317,15 +318,19 @@ def _unpickled(error: dict[str, Any]) -> BaseException | None:
 
 
 def _hang(ranks: Ranks, job: Job) -> diagnosis.PipelineFailure:
+    """Name the rank that hung: the one stopped in the user's own code, else the one that got least far."""
     records = ranks.records
-    behind = min(records, key=lambda record: len(record.get("rows") or []))
     where = {record["rank"]: record.get("progress", "not started") for record in records}
-    stuck = [rank for rank, progress in where.items() if progress not in ("done",)]
-    rank = behind["rank"] if behind["rank"] in stuck else (stuck[0] if stuck else 0)
+    frames = {rank: _frames(ranks.stacks.get(rank, "")) for rank in where}
+    mine = {rank: [frame for frame in found if _users(frame)] for rank, found in frames.items()}
+    behind = min(records, key=lambda record: len(record.get("rows") or []))["rank"]
+    rank = next((rank for rank in where if mine[rank]), behind)
     details = [f"rank {other}: {progress}" for other, progress in where.items()]
-    frames = _user_frames(ranks.stacks.get(rank, ""), job.script)
-    if frames:
-        details += [f"rank {rank} waits at:", *(f"  {line}" for line in frames)]
+    if mine[rank]:
+        details += [f"rank {rank} waits at:", *(f"  {frame}" for frame in mine[rank][:4])]
+    for other in where:
+        if other != rank and frames[other]:
+            details.append(f"rank {other} waits in {frames[other][0]}")
     return diagnosis.PipelineFailure(
         f"rank {rank} of {job.processes} hung while {where.get(rank)}: the job did not finish within "
         f"{ranks.seconds:.0f} s; in a real run the other ranks wait for it until the process group times out "
@@ -335,12 +340,15 @@ def _hang(ranks: Ranks, job: Job) -> diagnosis.PipelineFailure:
     )
 
 
-def _user_frames(stack: str, script: Path) -> list[str]:
-    """The frames of a faulthandler dump that are the user's code (the script, or files outside site-packages)."""
-    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stack)
-    mine = [f"{path}:{line} in {name}" for path, line, name in frames
-            if "site-packages" not in path and "/lib/python" not in path and "pytest_trainer" not in path]
-    return mine[:4]
+def _frames(stack: str) -> list[str]:
+    """The frames of a faulthandler dump, innermost first, as `path:line in function`."""
+    return [f"{path}:{line} in {name}" for path, line, name in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stack)
+            if not path.startswith("<")]
+
+
+def _users(frame: str) -> bool:
+    """A frame of the user's code: the script or a file of theirs, not a library's nor pytest-trainer's."""
+    return not any(part in frame for part in ("site-packages", "dist-packages", "/lib/python", "pytest_trainer"))
 
 
 def _with(failure: diagnosis.TrainerError, data: diagnosis.PipelineFailure | None) -> diagnosis.TrainerError:

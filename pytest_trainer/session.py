@@ -84,7 +84,7 @@ class TrainerSession:
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
         pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)
         pipeline.asked_precision = loaded.asked_precision
-        pipeline.script, pipeline.factory = script, factory
+        pipeline.script, pipeline.factory, pipeline.asked_fsdp = script, factory, loaded.fsdp
         return pipeline
 
     def fixture_pipeline(self, trainer: Any, name: str) -> Pipeline:

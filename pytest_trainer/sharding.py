@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 
-def layers_to_wrap(args: Any, model: Any) -> list[str]:
-    """The layer classes FSDP wraps one by one: the script's `transformer_layer_cls_to_wrap`, else the model's
+def layers_to_wrap(config: dict[str, Any], model: Any) -> list[str]:
+    """The layer classes FSDP wraps one by one: the fsdp_config's `transformer_layer_cls_to_wrap`, else the model's
     `_no_split_modules` (what accelerate falls back to)."""
-    config = getattr(args, "fsdp_config", None) or {}
     named = config.get("transformer_layer_cls_to_wrap") or config.get("fsdp_transformer_layer_cls_to_wrap")
     if isinstance(named, str):
         named = [part.strip() for part in named.split(",") if part.strip()]
@@ -41,9 +40,9 @@ def round_trip(model: Any, layers: list[str], folder: Path) -> dict[str, Any]:
 
     expected = {name: value.detach().clone() for name, value in model.state_dict().items()}
     sharded = copy.deepcopy(model)
-    for module in list(sharded.modules()):
-        if type(module).__name__ in layers:
-            fully_shard(module)
+    units = [module for module in sharded.modules() if type(module).__name__ in layers]
+    for module in units:  # fully_shard renames each class (FSDPLlamaDecoderLayer): counted before
+        fully_shard(module)
     fully_shard(sharded)
     dcp.save(get_model_state_dict(sharded), checkpoint_id=str(folder))
     dist.barrier()
@@ -52,8 +51,7 @@ def round_trip(model: Any, layers: list[str], folder: Path) -> dict[str, Any]:
     dcp.load(target, checkpoint_id=str(folder))
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full: dict[str, Any] = get_model_state_dict(sharded, options=whole)
-    units = sum(type(module).__name__ in layers for module in sharded.modules())
-    found: dict[str, Any] = {"layers": layers, "sharded_units": units}
+    found: dict[str, Any] = {"layers": layers, "sharded_units": len(units)}
     found["reload_differs"] = sorted(name for name, value in expected.items()
                                      if name not in target or not torch.equal(target[name].cpu(), value.cpu()))
     if dist.get_rank() == 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, processes, rank_checks, sharding
 from pytest_trainer.stages.base import Stage, StageResult
@@ -42,7 +42,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result = StageResult("distributed", device)
     backend = "gloo" if device == "cpu" else "nccl"
     result.notes.append(f"engine: {count} processes under torch.distributed.run, DDP on {backend}, {STEPS} steps")
-    layers, unexercised, wrong = _engines(args, model, device)
+    layers, unexercised, wrong = _engines(args, pipeline.asked_fsdp, model, device)
     result.notes.extend(f"not exercised: {line}" for line in unexercised)
     with tempfile.TemporaryDirectory(prefix="pytest-trainer-ranks-") as folder:
         job = processes.Job(pipeline.script, pipeline.settings.script_args, pipeline.factory,
@@ -72,7 +72,7 @@ def _also(failure: diagnosis.TrainerError, other: diagnosis.Finding | None) -> d
     return type(failure)(failure.cause, failure.fix, [*failure.details, f"also: {other.cause}", f"  fix: {other.fix}"])
 
 
-def _engines(args: object, model: object, device: str) -> tuple[list[str] | None, list[str], diagnosis.Finding | None]:
+def _engines(args: object, fsdp: dict[str, Any] | None, model: object, device: str) -> tuple[list[str] | None, list[str], diagnosis.Finding | None]:
     """The layer classes to shard where the script asks for FSDP (None: it does not), what will not be run as the
     script asks, and the finding where FSDP names layer classes the model does not have (accelerate stops there on
     GPUs)."""
@@ -80,12 +80,12 @@ def _engines(args: object, model: object, device: str) -> tuple[list[str] | None
     if getattr(args, "deepspeed", None):
         unexercised.append("the script asks for DeepSpeed; this run trains with DDP, so DeepSpeed's ZeRO sharding, "
                            "offload and its checkpoints are not exercised")
-    if not getattr(args, "fsdp", None):
+    if fsdp is None:
         return None, unexercised, None
     if device == "cpu":
         unexercised.append("the script asks for FSDP; accelerate sets FSDP up on GPUs only, so on the CPU the Trainer "
                            "trains with DDP; FSDP's state dict is checked through fully_shard on gloo")
-    layers = sharding.layers_to_wrap(args, model)
+    layers = sharding.layers_to_wrap(fsdp, model)
     missing = [name for name in layers if name not in sharding.classes_in(model)]
     if not missing:
         return layers, unexercised, None
