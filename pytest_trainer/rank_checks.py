@@ -158,8 +158,8 @@ def same_weights(records: list[dict[str, Any]]) -> None:
     raise diagnosis.Finding(
         f"after the same steps the ranks hold different weights: {len(names)} parameters differ from rank 0's "
         f"({', '.join(names[:6])}{' ...' if len(names) > 6 else ''}): DDP averages gradients, so a parameter that "
-        "drifts apart is changed outside the optimizer step (in the forward, a callback or a hook) from data of each rank's "
-        "own, and the checkpoint keeps only rank 0's",
+        "drifts apart is changed outside the optimizer step (in the forward, a callback or a hook) from data of "
+        "each rank's own, and the checkpoint keeps only rank 0's",
         "update such a value from the averaged gradients only (make it a trained parameter), or register it as a "
         "buffer and average it across ranks yourself (torch.distributed.all_reduce) before using it",
     )

@@ -72,7 +72,8 @@ def _also(failure: diagnosis.TrainerError, other: diagnosis.Finding | None) -> d
     return type(failure)(failure.cause, failure.fix, [*failure.details, f"also: {other.cause}", f"  fix: {other.fix}"])
 
 
-def _engines(args: object, fsdp: dict[str, Any] | None, model: object, device: str) -> tuple[list[str] | None, list[str], diagnosis.Finding | None]:
+def _engines(args: object, fsdp: dict[str, Any] | None, model: object,
+             device: str) -> tuple[list[str] | None, list[str], diagnosis.Finding | None]:
     """The layer classes to shard where the script asks for FSDP (None: it does not), what will not be run as the
     script asks, and the finding where FSDP names layer classes the model does not have (accelerate stops there on
     GPUs)."""
