@@ -510,7 +510,7 @@ def _ddp_unused(match: re.Match[str], error: BaseException, facts: Pipeline) -> 
            if checkpointing and getattr(args, "ddp_find_unused_parameters", None) is None
            else "the script sets ddp_find_unused_parameters=False" if getattr(args, "ddp_find_unused_parameters", None)
            is False else "DDP does not look for unused parameters")
-    reentrant = " with gradient_checkpointing_kwargs={'use_reentrant': False}" if checkpointing else ""
+    reentrant = f" with {_checkpointing_kwargs(args)}={{'use_reentrant': False}}" if checkpointing else ""
     return Explained(
         f"{len(names) or 'some'} trainable parameters get no gradient in a step{shown}: the forward does not use "
         f"them, and {why}, so DDP waits for their gradients and stops at the next step",
@@ -529,8 +529,15 @@ def _ddp_ready_twice(match: re.Match[str], error: BaseException, facts: Pipeline
     return Explained(
         "reentrant gradient checkpointing (use_reentrant=True) runs each layer's backward again, so DDP, which "
         "looks for unused parameters, sees their gradients arrive twice",
-        "checkpoint without reentrance: gradient_checkpointing_kwargs={'use_reentrant': False} in TrainingArguments",
+        f"checkpoint without reentrance: {_checkpointing_kwargs(args)}={{'use_reentrant': False}} in "
+        "TrainingArguments",
     )
+
+
+def _checkpointing_kwargs(args: Any) -> str:
+    """The arguments' name for checkpointing options: transformers 5 renamed gradient_ to activation_checkpointing."""
+    return "activation_checkpointing_kwargs" if hasattr(args, "activation_checkpointing_kwargs") \
+        else "gradient_checkpointing_kwargs"
 
 
 def _checkpointing(args: Any) -> bool:
