@@ -255,6 +255,29 @@ def test_a_file_written_by_every_rank_is_named(project: pytest.Pytester) -> None
     assert "export/config.json (ranks 0, 1)" in failure(result)
 
 
+def test_a_dataloader_of_its_own_that_does_not_shard_trains_every_rank_on_the_same_rows(
+        project: pytest.Pytester) -> None:
+    write(project, "train.py", """
+        import tiny
+        from torch.utils.data import DataLoader
+        from transformers import Trainer, TrainingArguments
+
+        class OwnLoader(Trainer):
+            def get_train_dataloader(self):  # no DistributedSampler, not prepared by accelerate
+                return DataLoader(self.train_dataset.remove_columns([]), batch_size=self.args.train_batch_size,
+                                  collate_fn=self.data_collator)
+
+        tok = tiny.tokenizer()
+        data = tiny.tokenized(tiny.text_dataset(24), tok)
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+        trainer = OwnLoader(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
+        trainer.train()
+    """)
+    result = run_distributed(project)
+    assert outcomes(result) == {"distributed[cpu]": "FAILED"}
+    assert "every one of the 2 ranks trained on the same rows at each of the 3 micro-batches" in failure(result)
+
+
 def test_a_rank_that_dies_is_reported(project: pytest.Pytester) -> None:
     write(project, "train.py", """
         import os

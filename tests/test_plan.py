@@ -157,7 +157,7 @@ def closure(failed: str) -> set[str]:
 
 def test_failed_forward_blocks_every_stage_that_runs_the_model() -> None:
     assert blocked_by("forward") == {"backward", "step", "overfit", "save", "memory", "precision", "eval", "labels",
-                                     "lengths", "padding", "baseline"}
+                                     "lengths", "padding", "baseline", "distributed"}
 
 
 def test_failed_dataset_blocks_every_stage_after_it() -> None:
