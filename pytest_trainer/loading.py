@@ -297,7 +297,7 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         if unexercised and unexercised not in capture.unexercised:
             capture.unexercised.append(unexercised)
         original_post_init(self)
-        fsdp = fsdp_in_one_process(self)
+        fsdp = fsdp_for_this_machine(self)
         if fsdp is not None:
             capture.fsdp = fsdp
         sandbox_arguments(self, sandbox)
@@ -364,10 +364,14 @@ def engines_for_this_machine(args: Any) -> str | None:
             "generate (the script's generation settings) and vLLM itself is not exercised")
 
 
-def fsdp_in_one_process(args: Any) -> dict[str, Any] | None:
+def fsdp_for_this_machine(args: Any) -> dict[str, Any] | None:
     """Turn off the FSDP a script asks for where it runs in one process (the Trainer refuses FSDP outside distributed
-    training); return its fsdp_config, or None where it asks for none or runs under torch.distributed."""
-    if not getattr(args, "fsdp", None) or os.environ.get("WORLD_SIZE", "1") != "1":
+    training) or without GPUs (accelerate sets FSDP up on GPU-like devices only: transformers 5 falls back to DDP,
+    4.57 stops); return its fsdp_config, or None where it asks for none or runs as asked, on GPUs under torchrun."""
+    import torch
+
+    distributed = os.environ.get("WORLD_SIZE", "1") != "1"
+    if not getattr(args, "fsdp", None) or (distributed and torch.cuda.is_available()):
         return None
     config = dict(getattr(args, "fsdp_config", None) or {})
     args.fsdp = False if isinstance(args.fsdp, bool) else type(args.fsdp)()
