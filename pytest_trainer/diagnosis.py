@@ -27,6 +27,8 @@ class TrainerError(Exception):
 
     def __init__(self, cause: str, fix: str, details: Sequence[str] = ()) -> None:
         self.cause, self.fix, self.details = cause, fix, tuple(details)
+        #: What the reports draw of the stage that failed (JSON values by name, as `StageResult.pictures`).
+        self.pictures: dict[str, Any] = {}
         super().__init__(self.render())
 
     def render(self) -> str:
@@ -57,7 +59,10 @@ def together(findings: Sequence[Finding]) -> Finding:
     details = [*first.details]
     for other in others:
         details += [f"also: {other.cause}", f"  fix: {other.fix}", *(f"  {line}" for line in other.details)]
-    return Finding(first.cause, first.fix, details)
+    found = Finding(first.cause, first.fix, details)
+    for finding in findings:
+        found.pictures.update(finding.pictures)
+    return found
 
 
 def findings_last(checks: Iterable[Callable[[], object]]) -> None:

@@ -47,14 +47,30 @@ class StageItem(pytest.Function):
         error = excinfo.value
         if isinstance(error, InternalError):
             info = pytest.ExceptionInfo.from_exception(error.error)
-            return f"{self.step.name}: {error}\n\n" + str(info.getrepr(style="short", chain=True))
-        if not isinstance(error, TrainerError):
+            text = f"{self.step.name}: {error}\n\n" + str(info.getrepr(style="short", chain=True))
+        elif isinstance(error, TrainerError):
+            text = f"{self.step.name} failed: {error.render()}"
+            if error.__cause__ is not None:
+                script = error.script if isinstance(error, ScriptError) else None
+                text += "\n\noriginal error:\n" + original_error(error.__cause__, script)
+        else:
             return super().repr_failure(excinfo)
-        text = f"{self.step.name} failed: {error.render()}"
-        if error.__cause__ is not None:
-            script = error.script if isinstance(error, ScriptError) else None
-            text += "\n\noriginal error:\n" + original_error(error.__cause__, script)
-        return text
+        return _stated(text, error.cause, self.path)
+
+
+def _stated(text: str, cause: str, path: Any) -> Any:
+    """The failure as pytest shows it: `text` whole in the item's report, and its cause alone as the one line of
+    pytest's short summary (on CI and with -vv too, which otherwise print a failure's whole text there).
+
+    Built of pytest's own report parts, so that it travels from pytest-xdist workers unchanged.
+    """
+    from _pytest._code.code import ReprEntryNative, ReprExceptionInfo, ReprFileLocation, ReprTraceback
+
+    first = cause.splitlines()[0] if cause else text.splitlines()[0]
+    return ReprExceptionInfo(
+        reprtraceback=ReprTraceback([ReprEntryNative([text + "\n"])], None, "native"),
+        reprcrash=ReprFileLocation(str(path), 0, first),
+    )
 
 
 def original_error(error: BaseException, script: Any = None) -> str:

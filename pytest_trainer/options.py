@@ -73,7 +73,7 @@ class Option:
         if self.ini is None:
             return None
         ini_value = config.getini(self.key)
-        if ini_value in ("", [], None):
+        if ini_value in ("", [], None) or ini_value is False:
             return None
         base = config.inipath.parent if config.inipath else config.rootpath
         return Raw(ini_value, f"{self.key} in {config.inipath or 'the ini file'}", base)
@@ -184,12 +184,19 @@ OPTIONS: tuple[Option, ...] = (
            "reported).", _number("a number of GiB"), "GIB"),
     Option("report", "write a JSON report of every pipeline item (outcome, diagnosis, fix, figures) to this path.",
            _path, "PATH"),
+    Option("html", "write a self-contained HTML report to this path: every pipeline item with its cause and fix, "
+           "the rows of the first batch with the tokens trained on, the overfitting loss curve, the memory forecast "
+           "and the rewards per group (where pytest-html is installed, its --html report shows them too).",
+           _path, "PATH"),
     Option("baseline", "folder of regression baselines, one text file per script: the first run records the "
            "pipeline's key figures, later runs fail when one moved (adds the baseline[cpu] item).", _path, "DIR"),
     Option("processes", "train the script in N processes under torch.distributed.run (DDP on gloo on the CPU, NCCL "
            "on N GPUs) and check what only several processes break: adds the distributed items (default: 1, which "
            "adds nothing).", _count(), "N"),
     Option("baseline_update", "rewrite the baselines with the figures of this run.", _switch, ini=None, switch=True),
+    Option("baseline_strict", "fail the baseline item of a script that has no baseline yet, instead of recording "
+           "one (for CI, where a baseline recorded on the runner is never committed).", _switch, ini="bool",
+           switch=True),
 )
 #: Settings named differently from their option.
 _FIELDS = {"module": "modules", "args": "script_args"}
@@ -205,8 +212,8 @@ def register(parser: pytest.Parser) -> None:
         else:
             group.addoption(option.flag, metavar=option.metavar, help=option.help)
         if option.ini is not None:
-            parser.addini(option.key, type=option.ini,  # type: ignore[arg-type]
-                          default=[] if option.ini == "paths" else "", help=option.help)
+            default = {"paths": [], "bool": False}.get(option.ini, "")
+            parser.addini(option.key, type=option.ini, default=default, help=option.help)  # type: ignore[arg-type]
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -216,6 +223,7 @@ def resolve(config: pytest.Config) -> Settings:
         raw = option.raw(config)
         if raw is not None:
             values[_FIELDS.get(option.name, option.name)] = option.convert(raw)
+    values["devices_named"] = "devices" in values
     if values.get("processes") == 1:
         del values["processes"]  # one process is the default: no distributed item
     stages = values.get("stages", ())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from collections.abc import Generator
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from pytest_trainer.stages import TrainerStage
 
 MARKER = "trainer_pipeline"
+#: Why an item did not run, for the report: {"blocked": True} (a stage it needs failed) or {"unavailable": True}.
+_NOT_RUN = pytest.StashKey[dict[str, bool]]()
 
 
 # ---- configuration and collection ---------------------------------------------------------------
@@ -127,7 +130,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and isinstance(report.longrepr, tuple):
         path, line, _ = item.reportinfo()  # a skip points at the script or the marked test, not the plugin's source
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
-    report.user_properties.append((reporting.PROPERTY, _facts(item, step, call)))
+    facts = _facts(item, step, call)
+    report.user_properties.append((reporting.PROPERTY, json.dumps(facts, sort_keys=True)))
+    pictures = _pictures(item, call)
+    if pictures:
+        report.trainer_pictures = pictures  # a report attribute: it travels from xdist workers, not into junit
+        if item.config.pluginmanager.hasplugin("html"):
+            from pytest_trainer import html
+
+            report.extras = [*getattr(report, "extras", []), *html.pytest_html_extras(pictures)]
     return report
 
 
@@ -144,14 +155,21 @@ class ReportHooks:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for title, lines in self.report.terminal_sections():
             terminalreporter.write_sep("-", title)
-            for line in lines:
-                terminalreporter.write_line(line)
+            for line in lines:  # pieces with pytest's markup: colour as pytest's own lines, --color and NO_COLOR kept
+                terminalreporter.ensure_newline()
+                for text, markup in line:
+                    terminalreporter.write(text, **markup)
+                terminalreporter.line("")
 
     def pytest_sessionfinish(self) -> None:
         if not self.report.by_script():
             return
         if self.settings.report is not None:
             self.report.write_json(self.settings.report)
+        if self.settings.html is not None:
+            from pytest_trainer import html
+
+            html.write(self.settings.html, self.report)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as summary:
@@ -170,10 +188,11 @@ def _trainer_step(request: pytest.FixtureRequest) -> Step:
 
 
 @pytest.fixture
-def pipeline_device(_trainer_step: Step) -> str:
+def pipeline_device(request: pytest.FixtureRequest, _trainer_step: Step) -> str:
     """The device of this pipeline item, "cpu" or "cuda"; the test is skipped where it cannot run."""
     reason = devices.unavailable_reason(_trainer_step.device)
     if reason:
+        request.node.stash[_NOT_RUN] = {"unavailable": True}
         pytest.skip(reason)
     return _trainer_step.device
 
@@ -200,6 +219,7 @@ def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_
     session = session_of(request.config)
     reason = session.blocker(_pipeline_key(request.node), pipeline_device, _trainer_step.stage)
     if reason:
+        request.node.stash[_NOT_RUN] = {"blocked": True}
         pytest.skip(reason)
     return TrainerStage(
         lambda: _pipeline(request),
@@ -226,8 +246,9 @@ def trainer_strategies(trainer_stage: TrainerStage) -> Any:
 
 
 def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[str, Any]:
-    """What the report needs of this item, in plain values that travel from xdist workers."""
+    """What the report needs of this item, in plain values that travel from xdist workers (as JSON)."""
     facts: dict[str, Any] = {"script": _pipeline_key(item), "stage": step.stage, "device": step.device}
+    facts.update(item.stash.get(_NOT_RUN, {}))
     error = call.excinfo.value if call.excinfo is not None else None
     if isinstance(error, TrainerError):
         facts.update(diagnosis=error.cause, fix=error.fix, unexplained=error.unexplained)
@@ -239,6 +260,17 @@ def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[s
     if pipeline is not None and pipeline.notes:
         facts.setdefault("notes", []).extend(pipeline.notes)
     return facts
+
+
+def _pictures(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
+    """What the stage drew (the rows fed, the loss curve, the memory by part), passed or failed."""
+    if call.when != "call":
+        return {}
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, TrainerError):
+        return dict(error.pictures)
+    result = getattr(getattr(item, "funcargs", {}).get("trainer_stage"), "result", None)
+    return dict(result.pictures) if result is not None else {}
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

@@ -32,10 +32,22 @@ class ItemRecord:
     notes: list[str] = field(default_factory=list)
     #: A failure shown with the library's own error only: no explanation of pytest-trainer's fits it yet.
     unexplained: bool = False
+    #: Skipped because a stage it needs failed (the reason names which).
+    blocked: bool = False
+    #: Skipped because its device is not on this machine.
+    unavailable: bool = False
+    #: What the stage drew (see `pytest_trainer.pictures`), for the HTML report.
+    pictures: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return f"{self.stage}[{self.device}]"
+
+
+def facts_of(report: Any) -> dict[str, Any]:
+    """The pipeline facts an item's report carries (a JSON string among its user_properties), or {}."""
+    value = dict(report.user_properties).get(PROPERTY)
+    return json.loads(value) if isinstance(value, str) else {}
 
 
 class PipelineReport:
@@ -45,13 +57,16 @@ class PipelineReport:
         self._records: dict[str, ItemRecord] = {}
 
     def add(self, report: Any) -> None:
-        facts = dict(report.user_properties).get(PROPERTY)
+        facts = facts_of(report)
         if not facts:
             return
         record = self._records.setdefault(
             report.nodeid, ItemRecord(facts["script"], facts["stage"], facts["device"])
         )
         record.duration += report.duration
+        record.blocked = record.blocked or bool(facts.get("blocked"))
+        record.unavailable = record.unavailable or bool(facts.get("unavailable"))
+        record.pictures.update(getattr(report, "trainer_pictures", None) or {})
         record.figures.update(facts.get("figures", {}))
         record.notes.extend(note for note in facts.get("notes", []) if note not in record.notes)
         if facts.get("diagnosis"):
@@ -64,6 +79,9 @@ class PipelineReport:
         elif report.skipped and record.outcome == "passed":
             record.outcome = "skipped"
             record.reason = _skip_reason(report.longrepr)
+
+    def records(self) -> list[ItemRecord]:
+        return list(self._records.values())
 
     def unexplained(self) -> list[ItemRecord]:
         """Failures shown with the library's own error only, which the table of explanations should learn."""
@@ -78,26 +96,27 @@ class PipelineReport:
 
     # ---- terminal ------------------------------------------------------------------------------
 
-    def terminal_sections(self) -> Iterable[tuple[str, list[str]]]:
-        """(title, lines) per script: one line when nothing failed, else the stage-by-device table."""
+    def terminal_sections(self) -> Iterable[tuple[str, list[Line]]]:
+        """(title, lines) per script: what ran as a stage-by-device table (one line when nothing failed), and what
+        did not run folded into one line per device and cause. Each failure's cause and fix are in its own report,
+        shown by pytest; they are not repeated here."""
         for script, records in self.by_script().items():
             failed = [record for record in records if record.outcome in ("failed", "error")]
-            # How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU).
+            # How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU),
+            # and the baselines it recorded.
             changed = _ordered(note for record in records for note in record.notes
-                               if note.startswith(("precision:", "not exercised:")))
-            if not failed:
-                yield f"pytest-trainer: {script}", [_all_passed_line(records), *changed]
-                continue
-            lines, reasons = _table(records)
-            lines += [f"  [{number}] {reason}" for reason, number in reasons.items()]
-            lines += changed
-            for record in failed:
-                lines.append(f"{record.outcome.upper()} {record.name}: {record.diagnosis}")
-                if record.fix:
-                    lines.append(f"  fix: {record.fix}")
+                               if note.startswith(("precision:", "not exercised:", "baseline:")))
+            ran = [record for record in records if not (record.blocked or record.unavailable)]
+            if failed:
+                lines, reasons = _table(records, ran)
+                lines += [[(f"  [{number}] {reason}", {})] for reason, number in reasons.items()]
+            else:
+                lines = [_all_passed_line(ran), *_skipped_lines(ran)]
+            lines += _not_run_lines(records)
+            lines += [[(f"  {note}", {})] for note in changed]
             unexplained = [record.name for record in failed if record.unexplained]
             if unexplained:
-                lines.append(_unexplained_line(unexplained))
+                lines.append([(_unexplained_line(unexplained), {"yellow": True})])
             yield f"pytest-trainer: {script}", lines
 
     # ---- files ---------------------------------------------------------------------------------
@@ -128,27 +147,78 @@ class PipelineReport:
         return "\n".join(parts) + "\n"
 
 
-def _table(records: list[ItemRecord]) -> tuple[list[str], dict[str, int]]:
-    devices = _ordered(record.device for record in records)
-    stages = _ordered(record.stage for record in records)
+#: A line of the terminal section: pieces of text, each with its pytest markup ({"red": True}, ...).
+Line = list[tuple[str, dict[str, bool]]]
+
+_MARKUP = {"passed": {"green": True}, "failed": {"red": True, "bold": True}, "error": {"red": True, "bold": True},
+           "skipped": {"yellow": True}, "not run": {"yellow": True}}
+
+
+def _table(records: list[ItemRecord], ran: list[ItemRecord]) -> tuple[list[Line], dict[str, int]]:
+    """The items that ran (passed, failed or skipped for their own reason), stage by device."""
+    devices = _ordered(record.device for record in ran)
+    stages = _ordered(record.stage for record in ran)
     cells = {(record.stage, record.device): record for record in records}
     reasons: dict[str, int] = {}
-    rows = [["stage", *devices]]
+    rows: list[list[tuple[str, str]]] = [[("stage", ""), *((device, "") for device in devices)]]
     for stage in stages:
-        row = [stage]
+        row = [(stage, "")]
         for device in devices:
             record = cells.get((stage, device))
             if record is None:
-                row.append("-")
+                row.append(("-", ""))
+            elif record.blocked or record.unavailable:
+                row.append(("not run", "not run"))
             elif record.outcome == "skipped":
-                row.append(f"skipped [{reasons.setdefault(record.reason, len(reasons) + 1)}]")
+                row.append((f"skipped [{reasons.setdefault(record.reason, len(reasons) + 1)}]", "skipped"))
             else:
-                row.append(record.outcome.upper() if record.outcome != "passed" else "passed")
+                row.append((record.outcome.upper() if record.outcome != "passed" else "passed", record.outcome))
         rows.append(row)
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
+    widths = [max(len(row[column][0]) for row in rows) for column in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        line: Line = [("  ", {})]
+        for index, ((text, kind), width) in enumerate(zip(row, widths, strict=True)):
+            last = index == len(row) - 1
+            line.append((text, _MARKUP.get(kind, {})))
+            if not last:
+                line.append((" " * (width - len(text) + 2), {}))
+        lines.append(line)
     return lines, reasons
+
+
+def _not_run_lines(records: list[ItemRecord]) -> list[Line]:
+    """One line per device for the items that did not run: a device this machine lacks, or stages blocked by a
+    failure (grouped by the failure)."""
+    lines = []
+    for device in _ordered(record.device for record in records):
+        on = [record for record in records if record.device == device]
+        missing = [record for record in on if record.unavailable]
+        if missing:
+            lines.append([(f"  {device}: {_count(len(missing), 'item')} not run: ", {"yellow": True}),
+                          (missing[0].reason, {})])
+        blocked = [record for record in on if record.blocked and not record.unavailable]
+        if blocked:
+            by_reason: dict[str, list[str]] = {}
+            for record in blocked:
+                by_reason.setdefault(record.reason, []).append(record.stage)
+            said = "; ".join(f"{reason}: {', '.join(stages)}" for reason, stages in by_reason.items())
+            lines.append([(f"  {device}: {_count(len(blocked), 'item')} not run, ", {"yellow": True}), (said, {})])
+    return lines
+
+
+def _skipped_lines(ran: list[ItemRecord]) -> list[Line]:
+    """The items skipped for their own reason (the stage does not apply), one line per reason."""
+    by_reason: dict[str, list[str]] = {}
+    for record in ran:
+        if record.outcome == "skipped":
+            by_reason.setdefault(record.reason, []).append(record.name)
+    return [[("  skipped ", {"yellow": True}), (f"{', '.join(names)}: {reason}", {})]
+            for reason, names in by_reason.items()]
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _unexplained_line(names: list[str]) -> str:
@@ -157,14 +227,12 @@ def _unexplained_line(names: list[str]) -> str:
             + " ".join(names))
 
 
-def _all_passed_line(records: list[ItemRecord]) -> str:
-    passed = sum(record.outcome == "passed" for record in records)
-    skipped = [record for record in records if record.outcome == "skipped"]
-    line = f"all {passed} items that ran passed"
-    if skipped:
-        reasons = "; ".join(_ordered(record.reason for record in skipped))
-        line += f", {len(skipped)} skipped ({reasons})"
-    return line
+def _all_passed_line(ran: list[ItemRecord]) -> Line:
+    passed = sum(record.outcome == "passed" for record in ran)
+    if not passed:
+        return [("no item ran", {"yellow": True})]
+    return [(f"all {_count(passed, 'item')} that ran passed" if passed != 1 else "the 1 item that ran passed",
+             {"green": True})]
 
 
 def _markdown_cell(record: ItemRecord | None) -> str:

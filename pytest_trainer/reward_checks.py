@@ -64,6 +64,20 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
         raise diagnosis.together(findings)
 
 
+def picture(sampled: Sampled) -> dict[str, Any]:
+    """The rewards of the sampled batch, group by group (one group per prompt), in total and per reward function;
+    a reward the trainer left missing (NaN) is None."""
+    def plain(values: list[float]) -> list[list[float | None]]:
+        return [[value if math.isfinite(value) else None for value in group] for group in sampled.groups(values)]
+
+    return {
+        "total": plain(sampled.total()),
+        "functions": {name: plain([float(row[index]) for row in sampled.rewards])
+                      for index, name in enumerate(sampled.names)},
+        "ended": [bool(ended) for ended in sampled.ended],
+    }
+
+
 def _unread(sampled: Sampled, notes: list[str]) -> diagnosis.Finding | None:
     """Every group's rewards are equal: the reward functions that read no completion, or a note that they do."""
     probed = {name: _responds(sampled, name) for name in sampled.functions}

@@ -24,6 +24,9 @@ class Settings:
     #: The stages selected, in plan order (empty: every stage).
     stages: tuple[str, ...] = ()
     devices: tuple[str, ...] = DEVICES
+    #: Whether the devices were named (--trainer-devices, trainer_devices): a named device this machine lacks is an
+    #: error, while a default one is skipped with the reason.
+    devices_named: bool = False
     overfit_steps: int = OVERFIT_STEPS
     examples: int = EXAMPLES
     timeout: float = TIMEOUT
@@ -32,7 +35,10 @@ class Settings:
     #: GiB of GPU memory to forecast against (0: the GPU present, if any).
     gpu_memory: float = 0.0
     report: Path | None = None
+    html: Path | None = None
     baseline: Path | None = None
     baseline_update: bool = False
+    #: A script without a baseline fails instead of recording one.
+    baseline_strict: bool = False
     #: Processes the distributed item trains with under torch.distributed.run (1: no distributed item).
     processes: int = 1

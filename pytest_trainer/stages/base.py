@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_trainer.devices import DEVICES
 
 if TYPE_CHECKING:
+    from pytest_trainer.diagnosis import TrainerError
     from pytest_trainer.families import Family
     from pytest_trainer.pipeline import Pipeline
     from pytest_trainer.tasks import Task
+
+E = TypeVar("E", bound="TrainerError")
 
 
 @dataclass
@@ -26,9 +29,17 @@ class StageResult:
     gradients: dict[str, Any] | None = None
     figures: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: What the reports draw, as JSON values by name ("rows", "loss_curve", "memory", "rewards"): see `pictures`.
+    pictures: dict[str, Any] = field(default_factory=dict)
 
 
 Check = Callable[["Pipeline", str], StageResult]
+
+
+def with_pictures(failure: E, result: StageResult) -> E:
+    """`failure`, carrying what `result` had drawn before it was found (the curve that did not fall, say)."""
+    failure.pictures.update(result.pictures)
+    return failure
 
 
 def everywhere(task: Task, family: Family) -> str | None:

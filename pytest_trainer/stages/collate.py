@@ -38,6 +38,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     sizes = [len(value) for value in ([main] if torch.is_tensor(main) else batch.values())
              if torch.is_tensor(value) and value.dim() > 0]
     result = StageResult("collate", device, batch=on_device, figures={"batch_size": float(max(sizes, default=0))})
+    from pytest_trainer import pictures
+
+    result.pictures["rows"] = pictures.batch_rows(pipeline, batch)
     if loose:
         result.notes.append(f"values passed on as they are (not tensors): {', '.join(sorted(loose))}")
     unmasked = check_masked_targets(pipeline, batch)

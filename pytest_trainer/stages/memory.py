@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, training
-from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 
 if TYPE_CHECKING:
     from pytest_trainer import memory
@@ -43,31 +43,35 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result.notes.append(f"one training step at {at}{f' in {mixed}' if mixed else ''}: about {step.describe()}, "
                         f"from {step.how}")
     budget = _budget(pipeline, device)
+    picture = result.pictures["memory"] = {"parts": {part: int(value) for part, value in step.parts.items()},
+                                           "peak": int(step.peak), "budget": int(budget) if budget else None}
     if budget and step.peak > budget:
-        raise diagnosis.PipelineFailure(
+        raise with_pictures(diagnosis.PipelineFailure(
             f"one training step needs about {memory.size(step.peak)} at {at}, more than the "
             f"{memory.size(budget)} of GPU memory: {step.describe()}",
             "lower per_device_train_batch_size and raise gradient_accumulation_steps to keep the effective batch, "
             "cap the sequence length (max_length), turn on gradient_checkpointing, train in bf16, or train "
             "adapters (LoRA) instead of every weight",
-        )
+        ), result)
     evaluation = _evaluation(pipeline, model, step, device)
     if evaluation is not None:
         gathered, peak, rows, per_row = evaluation
         result.figures.update({"eval_gathered_gib": gathered / GIB, "eval_peak_gib": peak / GIB})
+        picture["evaluation"] = {"gathered": int(gathered), "peak": int(peak), "rows": int(rows)}
         result.notes.append(f"evaluation gathers {memory.size(per_row)} of predictions per row for compute_metrics "
                             f"({rows} rows here: {memory.size(gathered)} on the GPU)")
         if budget and peak > budget:
-            raise diagnosis.PipelineFailure(
+            raise with_pictures(diagnosis.PipelineFailure(
                 f"evaluation keeps the predictions of every row on the GPU for compute_metrics: {rows} rows x "
                 f"{memory.size(per_row)} = {memory.size(gathered)} beside the model and its optimizer state, "
                 f"{memory.size(peak)} in all, more than the {memory.size(budget)} of GPU memory",
                 "reduce the logits before they are gathered with preprocess_logits_for_metrics (e.g. return "
                 "logits.argmax(-1)), or set eval_accumulation_steps to move them to the CPU every few batches",
-            )
+            ), result)
     if device == "cuda":
         measured = _measured_step(pipeline, model, batch, dtype)
         result.figures["train_step_measured_gib"] = measured / GIB
+        picture["measured"] = int(measured)
         result.notes.append(f"measured on this GPU: {memory.size(measured)} (forecast {memory.size(step.peak)})")
     if pipeline.settings.batch_size:
         result.notes.append("the batch size is the one --trainer-batch-size sets, not the script's")

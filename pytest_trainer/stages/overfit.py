@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis
-from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -55,6 +55,9 @@ class Attempt:
     def learned(self) -> bool:
         return self.finite and self.after <= self.before * (1 - FALL)
 
+    def picture(self) -> dict[str, object]:
+        return {"rate": self.rate, "before": self.before, "after": self.after, "curve": list(self.curve)}
+
     def shown(self) -> str:
         curve = self.curve or [self.before]
         return (f"{self.what} {self.before:.4g} -> {self.after:.4g} after {len(self.curve)} steps (train-mode loss: "
@@ -68,22 +71,24 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result.figures.update({"loss_before": first.before, "loss_after": first.after,
                            "overfit_steps": float(len(first.curve)), "learning_rate": float(first.rate)})
     result.loss = first.after
+    curve = result.pictures["loss_curve"] = {"what": first.what, "tries": [first.picture()]}
     if not first.finite:
-        raise diagnosis.PipelineFailure(
+        raise with_pictures(diagnosis.PipelineFailure(
             f"the loss became non-finite while overfitting one batch: {first.shown()}",
             "lower learning_rate, keep gradient clipping on (max_grad_norm), and look for NaN inputs or labels",
-        )
+        ), result)
     if first.after >= first.before * (1 + GROWTH):
-        raise diagnosis.PipelineFailure(
+        raise with_pictures(diagnosis.PipelineFailure(
             f"the loss grows instead of falling on one batch, so training diverges: {first.shown()}",
             f"lower learning_rate (now {first.rate:g}); typical fine-tuning rates are 1e-5 to 5e-5",
-        )
+        ), result)
     if first.learned:
         return result
     # Learning that is only slow (a small random model at a fine-tuning rate) is no defect: a faster rate tells
     # it from a pipeline that cannot learn, which no rate moves.
     for factor in ESCALATION if first.moved else ():
         faster = _attempt(pipeline, device, factor)
+        curve["tries"].append(faster.picture())
         if faster.learned:
             result.notes.append(
                 f"the loss fell only at {factor}x the learning rate ({faster.shown()}); at the script's rate: "
@@ -92,11 +97,11 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             return result
     cause = "no trainable parameter changed" if not first.moved else "the loss barely moves"
     tried = f", nor at {' or '.join(f'{first.rate * f:g}' for f in ESCALATION)}" if first.moved else ""
-    raise diagnosis.PipelineFailure(
+    raise with_pictures(diagnosis.PipelineFailure(
         f"the model does not learn one fixed batch ({cause}): {first.shown()}{tried}; expected a fall of {FALL:.1%}",
         "check that the labels belong to the inputs, that the layers that should train are not frozen, "
         f"and the learning rate ({first.rate:g})",
-    )
+    ), result)
 
 
 def _attempt(pipeline: Pipeline, device: str, factor: float = 1.0) -> Attempt:

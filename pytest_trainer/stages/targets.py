@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, tasks
-from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -72,8 +72,12 @@ def rewards(pipeline: Pipeline, device: str) -> StageResult:
     sampled = pipeline.family.sampled
     if sampled is None or not sampled.completions:
         pytest.skip("the trainer sampled no completions to audit")
-    result = StageResult("targets", device)
-    reward_checks.audit(sampled, result.figures, result.notes)
+    result = StageResult("targets", device, pictures={"rewards": reward_checks.picture(sampled)})
+    try:
+        reward_checks.audit(sampled, result.figures, result.notes)
+    except diagnosis.TrainerError as failure:
+        with_pictures(failure, result)
+        raise
     return result
 
 
