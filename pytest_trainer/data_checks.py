@@ -161,7 +161,8 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
                 f"a multiple-choice label is the index of the right choice, 0..{width - 1}: check the label column "
                 "and how the choices were built",
             )
-        raise diagnosis.labels_beyond_head(int(used.min()), int(used.max()), width, where, task.auto_class)
+        raise diagnosis.labels_beyond_head(int(used.min()), int(used.max()), width, where, task.auto_class,
+                                           model_facts.built_from_config(pipeline.model))
     negative = np.flatnonzero((values < 0) & (values != IGNORE_INDEX))
     if negative.size:
         index = int(negative[0])

@@ -134,13 +134,17 @@ def raised_by(error: BaseException, part: str) -> PipelineFailure:
 
 
 def labels_beyond_head(
-    low: int, high: int, width: int, where: str = "", auto_class: str = "AutoModelForSequenceClassification"
+    low: int, high: int, width: int, where: str = "", auto_class: str = "AutoModelForSequenceClassification",
+    built_from: str | None = None,
 ) -> PipelineFailure:
+    """Class ids beyond the head; the fix builds the model as the script does: `from_pretrained`, or from the
+    config class `built_from` (a model trained from scratch)."""
     classes = high + 1
+    example = (f"{built_from}(..., num_labels={classes})" if built_from
+               else f"{auto_class}.from_pretrained(..., num_labels={classes})")
     return PipelineFailure(
         f"labels range {low}..{high} ({classes} classes) but the model has {width} outputs{where}",
-        f"pass num_labels={classes} when building the model, e.g. "
-        f"{auto_class}.from_pretrained(..., num_labels={classes})",
+        f"pass num_labels={classes} when building the model, e.g. {example}",
     )
 
 

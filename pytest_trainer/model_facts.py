@@ -23,6 +23,24 @@ def base_model(model: Any) -> Any:
     return model
 
 
+def built_from_config(model: Any) -> str | None:
+    """The config class a model trained from scratch was built from, or None for a pretrained one (`from_pretrained`
+    records where its weights came from; a model built from a config has no such path) or a model without config."""
+    config = getattr(base_model(model), "config", None)
+    path = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    if config is None or path:
+        return None
+    return type(config).__name__
+
+
+def usual_learning_rates(model: Any) -> str:
+    """The learning rates people use for this model, in words: fine-tuning a pretrained model takes far lower
+    ones than training one from scratch."""
+    if built_from_config(model) is None:
+        return "fine-tuning a pretrained model usually takes 1e-5 to 5e-5 (1e-4 to 2e-4 for LoRA adapters)"
+    return "a model trained from scratch (built from its config) usually takes 1e-4 to 1e-3, with warmup"
+
+
 def vocabulary_rows(model: Any) -> int | None:
     """Rows of the input embedding: every token id must be below this (None for models without one)."""
     get_embeddings = getattr(model, "get_input_embeddings", None)

@@ -138,6 +138,22 @@ def _choices(allowed: tuple[str, ...]) -> Convert:
     return lambda raw: parse_choices(raw.value, allowed, raw.source)
 
 
+def _devices(raw: Raw) -> tuple[str, ...]:
+    """Devices asked for by name must be here: a GPU gate that skips every item for want of a GPU is no gate."""
+    from pytest_trainer.devices import unavailable_reason
+
+    chosen = parse_choices(raw.value, DEVICES, raw.source)
+    for device in chosen:
+        reason = unavailable_reason(device)
+        if reason:
+            others = [other for other in DEVICES if other != device]
+            raise pytest.UsageError(
+                f"{raw.source} asks for {device}, but {reason}. Run it on a machine with a GPU, or leave {device} "
+                f"out (--trainer-devices={','.join(others)}); without the option, missing devices are skipped"
+            )
+    return chosen
+
+
 def _switch(raw: Raw) -> bool:
     return bool(raw.value)
 
@@ -166,8 +182,8 @@ OPTIONS: tuple[Option, ...] = (
            "the script as __main__.", _text, "NAME"),
     Option("stages", f"comma-separated stages to run (default: all of {', '.join(STAGES)}); the script's {LOAD} "
            "item always runs first.", _choices(_STAGE_CHOICES), "STAGES"),
-    Option("devices", f"comma-separated devices to run on (default: {', '.join(DEVICES)}).", _choices(DEVICES),
-           "DEVICES"),
+    Option("devices", f"comma-separated devices to run on (default: {', '.join(DEVICES)}, a device this machine lacks "
+           "skipped with the reason); a device named here that this machine lacks is an error.", _devices, "DEVICES"),
     Option("overfit_steps", "most optimizer steps the overfit stage takes on one batch; it stops as soon as the loss "
            f"has fallen by a thousandth (default: {defaults.OVERFIT_STEPS}).", _count(), "N"),
     Option("examples", "hypothesis examples per property item (labels, lengths, padding); derandomized when the CI "

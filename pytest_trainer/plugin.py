@@ -248,7 +248,8 @@ def trainer_strategies(trainer_stage: TrainerStage) -> Any:
 def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[str, Any]:
     """What the report needs of this item, in plain values that travel from xdist workers (as JSON)."""
     facts: dict[str, Any] = {"script": _pipeline_key(item), "stage": step.stage, "device": step.device}
-    facts.update(item.stash.get(_NOT_RUN, {}))
+    not_run: dict[str, bool] = item.stash.get(_NOT_RUN, {})
+    facts.update(not_run)
     error = call.excinfo.value if call.excinfo is not None else None
     if isinstance(error, TrainerError):
         facts.update(diagnosis=error.cause, fix=error.fix, unexplained=error.unexplained)

@@ -122,28 +122,38 @@ class PipelineReport:
     # ---- files ---------------------------------------------------------------------------------
 
     def write_json(self, path: Path) -> None:
-        items = [asdict(record) for records in self.by_script().values() for record in records]
+        items = [_plain(record) for records in self.by_script().values() for record in records]
         unexplained = [f"{record.script}::{record.name}" for record in self.unexplained()]
         path.parent.mkdir(parents=True, exist_ok=True)
         report = {"items": items, "unexplained": {"count": len(unexplained), "items": unexplained}}
         path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
     def markdown(self) -> str:
+        """The GitHub step summary: per script the table of what ran, what did not run folded, each failure's cause
+        and fix, and the script's items as JSON (in a collapsed block) for a program to read."""
         parts = []
         for script, records in self.by_script().items():
-            devices = _ordered(record.device for record in records)
+            ran = [record for record in records if not (record.blocked or record.unavailable)]
+            devices = _ordered(record.device for record in ran)
             parts.append(f"### pytest-trainer: `{script}`\n")
-            parts.append("| stage | " + " | ".join(devices) + " |")
-            parts.append("|---|" + "---|" * len(devices))
             cells = {(record.stage, record.device): record for record in records}
-            for stage in _ordered(record.stage for record in records):
-                row = [_markdown_cell(cells.get((stage, device))) for device in devices]
-                parts.append(f"| {stage} | " + " | ".join(row) + " |")
+            reasons: dict[str, int] = {}
+            if ran:
+                parts.append("| stage | " + " | ".join(devices) + " |")
+                parts.append("|---|" + "---|" * len(devices))
+                for stage in _ordered(record.stage for record in ran):
+                    row = [_markdown_cell(cells.get((stage, device)), reasons) for device in devices]
+                    parts.append(f"| {stage} | " + " | ".join(row) + " |")
+                parts.append("")
+            parts += [f"[{number}] {reason}  " for reason, number in reasons.items()]
+            parts += [f"{lead}{rest}  " for lead, rest in _not_run(records)]
             for record in records:
                 if record.outcome in ("failed", "error"):
                     fix = f"  \nfix: {record.fix}" if record.fix else ""
                     parts.append(f"\n**{record.name}**: {record.diagnosis}{fix}")
-            parts.append("")
+            data = json.dumps([_plain(record) for record in records], indent=1, sort_keys=True)
+            parts.append(f"\n<details><summary>pytest-trainer data (JSON)</summary>\n\n```json\n{data}\n```\n\n"
+                         "</details>\n")
         return "\n".join(parts) + "\n"
 
 
@@ -187,24 +197,27 @@ def _table(records: list[ItemRecord], ran: list[ItemRecord]) -> tuple[list[Line]
     return lines, reasons
 
 
-def _not_run_lines(records: list[ItemRecord]) -> list[Line]:
-    """One line per device for the items that did not run: a device this machine lacks, or stages blocked by a
-    failure (grouped by the failure)."""
+def _not_run(records: list[ItemRecord]) -> list[tuple[str, str]]:
+    """One line per device for the items that did not run, as (lead, reasons): a device this machine lacks, or stages
+    blocked by a failure (grouped by the failure)."""
     lines = []
     for device in _ordered(record.device for record in records):
         on = [record for record in records if record.device == device]
         missing = [record for record in on if record.unavailable]
         if missing:
-            lines.append([(f"  {device}: {_count(len(missing), 'item')} not run: ", {"yellow": True}),
-                          (missing[0].reason, {})])
+            lines.append((f"{device}: {_count(len(missing), 'item')} not run: ", missing[0].reason))
         blocked = [record for record in on if record.blocked and not record.unavailable]
         if blocked:
             by_reason: dict[str, list[str]] = {}
             for record in blocked:
                 by_reason.setdefault(record.reason, []).append(record.stage)
             said = "; ".join(f"{reason}: {', '.join(stages)}" for reason, stages in by_reason.items())
-            lines.append([(f"  {device}: {_count(len(blocked), 'item')} not run, ", {"yellow": True}), (said, {})])
+            lines.append((f"{device}: {_count(len(blocked), 'item')} not run, ", said))
     return lines
+
+
+def _not_run_lines(records: list[ItemRecord]) -> list[Line]:
+    return [[(f"  {lead}", {"yellow": True}), (rest, {})] for lead, rest in _not_run(records)]
 
 
 def _skipped_lines(ran: list[ItemRecord]) -> list[Line]:
@@ -235,12 +248,19 @@ def _all_passed_line(ran: list[ItemRecord]) -> Line:
              {"green": True})]
 
 
-def _markdown_cell(record: ItemRecord | None) -> str:
+def _markdown_cell(record: ItemRecord | None, reasons: dict[str, int]) -> str:
     if record is None:
         return ""
+    if record.blocked or record.unavailable:
+        return "not run"
     if record.outcome == "skipped":
-        return f"skipped: {record.reason}"
+        return f"skipped [{reasons.setdefault(record.reason, len(reasons) + 1)}]"
     return {"passed": "passed", "failed": "**FAILED**", "error": "**ERROR**"}[record.outcome]
+
+
+def _plain(record: ItemRecord) -> dict[str, Any]:
+    """A record as the JSON report and the step summary give it (its pictures only in the HTML report)."""
+    return {key: value for key, value in asdict(record).items() if key != "pictures"}
 
 
 def _ordered(values: Iterable[str]) -> list[str]:

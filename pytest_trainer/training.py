@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.losses import checked_loss, detached_loss
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
                 and not bool(torch.isfinite(tensor).all())]
 
 
-def at_peak_learning_rate(optimizer: Any) -> tuple[float, bool]:
+def at_peak_learning_rate(optimizer: Any, model: Any) -> tuple[float, bool]:
     """Set every group to its peak learning rate; a warmup that starts at 0 must not hide it.
 
     Returns the peak and whether the schedule had started below it. A peak of 0 is a failure.
@@ -117,7 +117,7 @@ def at_peak_learning_rate(optimizer: Any) -> tuple[float, bool]:
     if peak == 0:
         raise diagnosis.PipelineFailure(
             "the learning rate is 0, so no optimizer step can change the weights",
-            "set learning_rate in TrainingArguments (fine-tuning usually takes 1e-5 to 5e-5)",
+            f"set learning_rate in TrainingArguments: {model_facts.usual_learning_rates(model)}",
         )
     below = max(group["lr"] for group in optimizer.param_groups) < peak
     for group in optimizer.param_groups:
@@ -180,7 +180,7 @@ class Trajectory:
         if self._made is None:
             made = optimizer_for(self.trainer, self.model)
             try:
-                self.peak, self.warmup = at_peak_learning_rate(made[0])
+                self.peak, self.warmup = at_peak_learning_rate(made[0], self.model)
             except diagnosis.PipelineFailure:
                 made[2]()
                 raise

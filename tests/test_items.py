@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import GOOD_SCRIPT, ITEMS, failures, outcomes, write
 
+from pytest_trainer import devices
+
 
 def test_one_item_per_stage_and_device_cpu_first(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
@@ -27,7 +29,13 @@ def test_keyword_selection_and_narrowing_options(project: pytest.Pytester) -> No
     assert [line for line in narrowed.outlines if "::" in line] == [
         "train.py::load[cpu]", "train.py::dataset[cpu]", "train.py::step[cpu]"]
     only_cuda = project.runpytest("--trainer-module=train.py", "--trainer-devices=cuda", "--collect-only", "-q")
-    assert [line for line in only_cuda.outlines if "::" in line][:2] == ["train.py::load[cuda]", "train.py::dataset[cuda]"]
+    if devices.unavailable_reason("cuda") is None:
+        assert [line for line in only_cuda.outlines if "::" in line][:2] == ["train.py::load[cuda]",
+                                                                             "train.py::dataset[cuda]"]
+    else:  # a GPU gate on a machine without one fails the run instead of skipping every item
+        assert only_cuda.ret == pytest.ExitCode.USAGE_ERROR
+        only_cuda.stderr.fnmatch_lines(["ERROR: --trainer-devices on the command line asks for cuda, but CUDA is not "
+                                        "available on this machine*"])
 
 
 def test_ini_keys_let_ci_run_plain_pytest(project: pytest.Pytester) -> None:

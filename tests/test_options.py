@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trainer import options
+from pytest_trainer import devices, options
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES
 from pytest_trainer.settings import Settings
 
@@ -47,11 +47,12 @@ def test_nothing_given_gives_the_default_settings_and_every_default_stage(pytest
 
 
 def test_command_line_wins_over_the_ini_file(pytester: pytest.Pytester) -> None:
-    ini(pytester, trainer_stages="dataset", trainer_devices="cuda", trainer_examples="3")
+    ini(pytester, trainer_stages="dataset", trainer_devices="cpu", trainer_examples="3")
     settings = resolved(pytester, "--trainer-stages=forward", "--trainer-examples=5")
     assert settings.stages == ("forward",)
     assert settings.examples == 5
-    assert settings.devices == ("cuda",)  # not given on the command line: the ini file's
+    assert settings.devices == ("cpu",)  # not given on the command line: the ini file's
+    assert settings.devices_named
 
 
 def test_ini_file_gives_what_the_command_line_does_not(pytester: pytest.Pytester) -> None:
@@ -73,8 +74,20 @@ def test_stages_ignore_blanks_and_repeats(pytester: pytest.Pytester) -> None:
     assert resolved(pytester, "--trainer-stages= step, forward,,step ").stages == ("forward", "step")
 
 
-def test_devices_keep_the_canonical_order(pytester: pytest.Pytester) -> None:
-    assert resolved(pytester, "--trainer-devices=cuda,cpu").devices == ("cpu", "cuda")
+def test_devices_keep_the_canonical_order() -> None:
+    assert options.parse_choices("cuda,cpu", DEVICES, "--trainer-devices") == ("cpu", "cuda")
+
+
+@pytest.mark.skipif(devices.unavailable_reason("cuda") is None, reason="this machine has CUDA: nothing is missing")
+@pytest.mark.parametrize("given", ["--trainer-devices=cuda", "--trainer-devices=cpu,cuda", "ini"])
+def test_a_named_device_this_machine_lacks_is_a_usage_error(pytester: pytest.Pytester, given: str) -> None:
+    if given == "ini":
+        ini(pytester, trainer_devices="cuda")
+    message = usage_error(pytester, *([given] if given != "ini" else []))
+    source = "trainer_devices in " if given == "ini" else "--trainer-devices on the command line"
+    assert message.startswith(f"{source}") and " asks for cuda, but CUDA is not available on this machine" in message
+    assert "--trainer-devices=cpu" in message
+    assert resolved(pytester, "--trainer-devices=cpu").devices == ("cpu",)
 
 
 def test_unknown_stage_on_the_command_line_names_the_option_and_the_allowed_stages(pytester: pytest.Pytester) -> None:

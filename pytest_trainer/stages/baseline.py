@@ -47,10 +47,18 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     current = measure(pipeline)
     path = file_for(Path(directory), pipeline.name)
     result = StageResult("baseline", device, figures={k: float(v) for k, v in current.items() if _number(v)})
+    if not path.exists() and pipeline.settings.baseline_strict and not pipeline.settings.baseline_update:
+        raise diagnosis.PipelineFailure(
+            f"no baseline of {pipeline.name} at {path}, and --trainer-baseline-strict (trainer_baseline_strict) "
+            "asks for one: a baseline recorded by this run would pass whatever the figures are",
+            f"record it where the change is reviewed: run once without --trainer-baseline-strict (or with "
+            f"--trainer-baseline-update) and commit {path.name} in {path.parent}",
+        )
     if pipeline.settings.baseline_update or not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render(current))
-        result.notes.append(f"recorded {path}")
+        result.notes.append(f"baseline: recorded {len(current)} figures to {path}: commit it, so that later runs "
+                            "compare against it")
         return result
     moved = compare(parse(path.read_text()), current)
     if moved:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.losses import checked_loss, has_targets
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.tasks import IGNORE_INDEX
@@ -82,7 +82,8 @@ def check_domain_fits_head(pipeline: Pipeline, domain: strategies.LabelDomain) -
         return
     high = max(domain.values)
     if high >= width:
-        raise diagnosis.labels_beyond_head(min(domain.values), high, width, f", from {domain.source}")
+        raise diagnosis.labels_beyond_head(min(domain.values), high, width, f", from {domain.source}",
+                                           pipeline.task.auto_class, model_facts.built_from_config(pipeline.model))
     id2label = getattr(pipeline.model.config, "id2label", None) or {}
     if id2label and len(id2label) != width:
         raise diagnosis.PipelineFailure(

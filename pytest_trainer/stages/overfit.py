@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 
 if TYPE_CHECKING:
@@ -60,8 +60,12 @@ class Attempt:
 
     def shown(self) -> str:
         curve = self.curve or [self.before]
-        return (f"{self.what} {self.before:.4g} -> {self.after:.4g} after {len(self.curve)} steps (train-mode loss: "
+        return (f"{self.what} {self.before:.4g} -> {self.after:.4g} after {_steps(len(self.curve))} (train-mode loss: "
                 f"first {curve[0]:.4g}, lowest {min(curve):.4g}, last {curve[-1]:.4g}) at learning rate {self.rate:g}")
+
+
+def _steps(count: int) -> str:
+    return f"{count} step" if count == 1 else f"{count} steps"
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
@@ -80,7 +84,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if first.after >= first.before * (1 + GROWTH):
         raise with_pictures(diagnosis.PipelineFailure(
             f"the loss grows instead of falling on one batch, so training diverges: {first.shown()}",
-            f"lower learning_rate (now {first.rate:g}); typical fine-tuning rates are 1e-5 to 5e-5",
+            f"lower learning_rate (now {first.rate:g}): {model_facts.usual_learning_rates(pipeline.model)}",
         ), result)
     if first.learned:
         return result
