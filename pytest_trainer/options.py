@@ -72,10 +72,13 @@ class Option:
             return Raw(given, f"{self.flag} on the command line", config.invocation_params.dir)
         if self.ini is None:
             return None
-        ini_value = config.getini(self.key)
+        base = config.inipath.parent if config.inipath else config.rootpath
+        try:
+            ini_value = config.getini(self.key)
+        except (ValueError, pytest.UsageError) as error:  # a bool key that is not one
+            raise pytest.UsageError(f"{self.key} in {config.inipath or 'the ini file'}: {error}") from None
         if ini_value in ("", [], None) or ini_value is False:
             return None
-        base = config.inipath.parent if config.inipath else config.rootpath
         return Raw(ini_value, f"{self.key} in {config.inipath or 'the ini file'}", base)
 
 

@@ -135,7 +135,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     pictures = _pictures(item, call)
     if pictures:
         report.trainer_pictures = pictures  # a report attribute: it travels from xdist workers, not into junit
-        if item.config.pluginmanager.hasplugin("html"):
+        if item.config.pluginmanager.hasplugin("html") and item.config.getoption("htmlpath", None):  # pytest-html
             from pytest_trainer import html
 
             report.extras = [*getattr(report, "extras", []), *html.pytest_html_extras(pictures)]

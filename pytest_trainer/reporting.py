@@ -113,7 +113,7 @@ class PipelineReport:
             else:
                 lines = [_all_passed_line(ran), *_skipped_lines(ran)]
             lines += _not_run_lines(records)
-            lines += [[(f"  {note}", {})] for note in changed]
+            lines += [[(note, {})] for note in changed]
             unexplained = [record.name for record in failed if record.unexplained]
             if unexplained:
                 lines.append([(_unexplained_line(unexplained), {"yellow": True})])

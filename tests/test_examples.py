@@ -33,10 +33,23 @@ def test_mnli_example_on_pretrained_minilm(pytester: pytest.Pytester) -> None:
         "dataset[[]cpu[]] failed: the training dataset has text columns 'premise', 'hypothesis' but no 'input_ids'*",
         "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *) reach a collator that does not pad*",
         "dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
-        "*fix: pass num_labels=3 when building the model*",
+        "*fix: pass num_labels=3 when building the model, e.g. AutoModelForSequenceClassification.from_pretrained(..., "
+        "num_labels=3)",  # a pretrained model: the fix keeps from_pretrained
         "*SKIPPED*CUDA is not available on this machine*",
     ])
     assert not (pytester.path / "mnli-minilm").exists()
+
+
+@pytest.mark.usefixtures("offline")
+def test_advice_on_the_learning_rate_of_a_pretrained_model_is_a_fine_tuning_rate(pytester: pytest.Pytester) -> None:
+    shutil.copytree(EXAMPLES / "mnli", pytester.path / "mnli")
+    script = pytester.path / "mnli/train.py"
+    script.write_text(script.read_text().replace("learning_rate=2e-5", "learning_rate=0.0"))
+    result = pytester.runpytest("--trainer-module=mnli/train.py", "--trainer-stages=step", "--trainer-devices=cpu")
+    assert failures(result, "train.py") == ["step[cpu]"]
+    result.stdout.fnmatch_lines(["step[[]cpu[]] failed: the learning rate is 0*",
+                                 "  fix: set learning_rate in TrainingArguments: fine-tuning a pretrained model usually "
+                                 "takes 1e-5 to 5e-5 (1e-4 to 2e-4 for LoRA adapters)"])
 
 
 def test_marker_example(pytester: pytest.Pytester) -> None:

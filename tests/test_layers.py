@@ -24,7 +24,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer.stages.*",),  # one module per stage, and what a stage is
     ("pytest_trainer.data_checks", "pytest_trainer.task_checks", "pytest_trainer.explanations",
      "pytest_trainer.strategies", "pytest_trainer.search", "pytest_trainer.memory", "pytest_trainer.accumulation",
-     "pytest_trainer.reward_checks", "pytest_trainer.vision_text", "pytest_trainer.rank_checks"),
+     "pytest_trainer.reward_checks", "pytest_trainer.vision_text", "pytest_trainer.rank_checks",
+     "pytest_trainer.pictures"),
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
     ("pytest_trainer.families", "pytest_trainer.fed", "pytest_trainer.training", "pytest_trainer.losses",
      "pytest_trainer.adapters", "pytest_trainer.sampling", "pytest_trainer.processes",

@@ -277,7 +277,7 @@ def test_budget_no_step_fits_in_fails_naming_the_batch_size_and_the_fix(project:
     text = check_memory_fails(result, item)
     assert "one training step needs about" in text and "per_device_train_batch_size=8" in text, text
     assert "gradient_accumulation_steps" in text and "gradient_checkpointing" in text, text
-    result.stdout.fnmatch_lines(["FAILED memory[[]cpu[]]: one training step needs about *per_device_train_batch_size=8*",
+    result.stdout.fnmatch_lines(["memory[[]cpu[]] failed: one training step needs about *per_device_train_batch_size=8*",
                                  "*fix: *gradient_accumulation_steps*gradient_checkpointing*"])
 
 
@@ -359,7 +359,7 @@ def test_evaluation_gathering_every_rows_logits_fails_a_budget_the_step_fits_in(
     text = check_memory_fails(result, item)
     assert "compute_metrics" in text and f"{EVAL_ROWS} rows" in text, text
     assert "preprocess_logits_for_metrics" in text and "eval_accumulation_steps" in text, text
-    result.stdout.fnmatch_lines(["FAILED memory[[]cpu[]]: evaluation keeps the predictions of every row on the GPU "
+    result.stdout.fnmatch_lines(["memory[[]cpu[]] failed: evaluation keeps the predictions of every row on the GPU "
                                  f"for compute_metrics: {EVAL_ROWS} rows x *",
                                  "*fix: *preprocess_logits_for_metrics*"])
 

@@ -250,7 +250,7 @@ def test_every_option_has_its_ini_key_unless_command_line_only(pytester: pytest.
         with pytest.raises(ValueError, match=option.key):
             config.getini(option.key)
     else:
-        assert config.getini(option.key) in ("", [])
+        assert config.getini(option.key) in ("", [], False)
 
 
 @pytest.mark.parametrize("option", [option for option in options.OPTIONS if option.ini is not None],

@@ -83,7 +83,7 @@ def test_image_folder_with_a_head_too_small_fails_dataset_naming_the_label_range
     # Rows 0-7 are classes 0 and 1; row 8 is the first of class 2, named by its index in the dataset.
     result.stdout.fnmatch_lines([
         "*labels range 0..9 (10 classes) but the model has 2 outputs (row 8 of the training dataset has label 2)*",
-        "*fix: pass num_labels=10 when building the model, e.g. ViTForImageClassification.from_pretrained(*",
+        "*fix: pass num_labels=10 when building the model, e.g. ViTConfig(..., num_labels=10)",
     ])
     result.stdout.no_fnmatch_line("*Target * is out of bounds*")
 
