@@ -139,7 +139,7 @@ def _not_run_lines(records: list[ItemRecord]) -> list[str]:
 
 
 def _failure(record: ItemRecord) -> str:
-    fix = f"<div class='fix'><b>fix</b> {escape(record.fix)}</div>" if record.fix else ""
+    fix = f"<div class='fix-line'><b>fix</b><span class='fix'>{escape(record.fix)}</span></div>" if record.fix else ""
     unexplained = ("<p class='aside'>shown with the library's own error only: pytest-trainer does not explain this "
                    "failure yet</p>" if record.unexplained else "")
     return (f"<div class='failure'><h3>{escape(record.name)} <span>{record.outcome.upper()}</span></h3>"
@@ -181,7 +181,8 @@ table.grid td.failed,table.grid td.error{font-weight:700}
 .failure h3{margin:0 0 4px;font-size:14px;font-family:ui-monospace,Menlo,Consolas,monospace}
 .failure h3 span{color:#a4161a}
 .cause,.fix{white-space:pre-wrap;overflow-wrap:anywhere}
-.fix{margin-top:4px;color:#114a1f}.fix b{background:#dcf2e1;padding:0 6px;border-radius:3px;margin-right:4px}
+.fix-line{margin-top:4px;color:#114a1f}
+.fix-line b{background:#dcf2e1;padding:0 6px;border-radius:3px;margin-right:6px}
 ul.changed{color:#555;font-size:13px;margin:6px 0;padding-left:20px}
 details{margin:8px 0}summary{cursor:pointer;color:#333}
 details.item-picture{border:1px solid #e6e6e6;border-radius:6px;padding:4px 12px}
