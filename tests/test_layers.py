@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_trainer"
 #: Top to bottom. A module may import its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer", "pytest_trainer.plugin"),  # the public API and the hooks
-    ("pytest_trainer.items", "pytest_trainer.session", "pytest_trainer.options", "pytest_trainer.reporting"),
+    ("pytest_trainer.items", "pytest_trainer.session", "pytest_trainer.options", "pytest_trainer.reporting",
+     "pytest_trainer.html"),
     ("pytest_trainer.plan",),  # the items, ordered from the stages' declarations
     ("pytest_trainer.loading", "pytest_trainer.script_errors",
      "pytest_trainer.rank"),  # running a script up to trainer.train(), here or in one rank of several
