@@ -44,18 +44,23 @@ class StageItem(pytest.Function):
         return self.path, 0, f"{self.step.name} of {self.path.name}"
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:  # type: ignore[override]
-        error = excinfo.value
-        if isinstance(error, InternalError):
-            info = pytest.ExceptionInfo.from_exception(error.error)
-            text = f"{self.step.name}: {error}\n\n" + str(info.getrepr(style="short", chain=True))
-        elif isinstance(error, TrainerError):
-            text = f"{self.step.name} failed: {error.render()}"
-            if error.__cause__ is not None:
-                script = error.script if isinstance(error, ScriptError) else None
-                text += "\n\noriginal error:\n" + original_error(error.__cause__, script)
-        else:
+        if not isinstance(excinfo.value, TrainerError):
             return super().repr_failure(excinfo)
-        return _stated(text, error.cause, self.path)
+        return stated_failure(self.step.name, excinfo.value, self.path)
+
+
+def stated_failure(name: str, error: TrainerError, path: Any) -> Any:
+    """A failure of item `name` as pytest shows it: the cause, the fix and the library's original error in the item's
+    report, the cause alone as its line of pytest's short summary."""
+    if isinstance(error, InternalError):
+        info = pytest.ExceptionInfo.from_exception(error.error)
+        text = f"{name}: {error}\n\n" + str(info.getrepr(style="short", chain=True))
+    else:
+        text = f"{name} failed: {error.render()}"
+        if error.__cause__ is not None:
+            script = error.script if isinstance(error, ScriptError) else None
+            text += "\n\noriginal error:\n" + original_error(error.__cause__, script)
+    return _stated(text, error.cause, path)
 
 
 def _stated(text: str, cause: str, path: Any) -> Any:

@@ -13,8 +13,8 @@ import pytest
 
 from pytest_trainer import devices, options, reporting
 from pytest_trainer.diagnosis import ScriptError, TrainerError
-from pytest_trainer.items import StageItem, TrainerScript
-from pytest_trainer.plan import DEVICES, STAGES, Step, cpu_first
+from pytest_trainer.items import StageItem, TrainerScript, stated_failure
+from pytest_trainer.plan import DEVICES, STAGES, Step, cpu_first, plan
 from pytest_trainer.session import ALL, has_session, session_of, start_session
 from pytest_trainer.settings import Settings
 
@@ -93,8 +93,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     source = f"{MARKER} marker of {metafunc.definition.nodeid}"
     stages = options.parse_choices(marker.kwargs.get("stages") or STAGES, STAGES, source)
     on = options.parse_choices(marker.kwargs.get("devices") or DEVICES, DEVICES, source)
-    steps = [Step(stage, device) for device in on if device in settings.devices
-             for stage in stages if stage in settings.stages]
+    selected = [stage for stage in stages if stage in settings.stages]
+    devices_on = [device for device in on if device in settings.devices]
+    if marker.kwargs.get("module"):  # a script to run: its load is an item of its own, as with --trainer-module
+        steps = plan(selected, devices_on)
+    else:  # a `trainer` fixture builds the Trainer: an error there is that fixture's, in each test's setup
+        steps = [Step(stage, device) for device in devices_on for stage in selected]
     metafunc.parametrize("_trainer_step", steps, ids=[step.marker_id for step in steps], indirect=True)
 
 
@@ -124,12 +128,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         session = session_of(item.config)
         error = call.excinfo.value if call.excinfo is not None else None
         if isinstance(error, ScriptError):
-            session.block(_pipeline_key(item), ALL, ALL, f"not run: the Trainer did not load (see {step.name})")
+            session.block(_pipeline_key(item), ALL, ALL, f"the Trainer did not load (see {step.name})")
         elif getattr(error, "blocks", True):  # a finding that leaves training working blocks nothing
             session.block(_pipeline_key(item), step.device, step.stage, f"blocked by {step.name}")
     if report.skipped and isinstance(report.longrepr, tuple):
         path, line, _ = item.reportinfo()  # a skip points at the script or the marked test, not the plugin's source
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
+    if report.failed and report.when == "call" and not isinstance(item, StageItem) and call.excinfo is not None \
+            and isinstance(call.excinfo.value, TrainerError):  # a marked test: the failure told as an item's is
+        report.longrepr = stated_failure(step.name, call.excinfo.value, item.path)
     facts = _facts(item, step, call)
     report.user_properties.append((reporting.PROPERTY, json.dumps(facts, sort_keys=True)))
     pictures = _pictures(item, call)

@@ -71,8 +71,10 @@ def test_marker_failure_blocks_later_stages_of_that_test(project: pytest.Pyteste
     write(project, "test_pipeline.py", TESTS)
     result = project.runpytest("-rs", "--trainer-devices=cpu")
     result.assert_outcomes(failed=1, skipped=2)
-    result.stdout.fnmatch_lines(["E *labels range 0..2 (3 classes) but the model has 2 outputs*",
+    result.stdout.fnmatch_lines(["forward[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
+                                 "  fix: pass num_labels=3 when building the model*",
                                  "*SKIPPED*blocked by forward[[]cpu[]]*"])
+    result.stdout.no_fnmatch_line("*pytest_trainer/*.py*")  # told as a pipeline item's failure, not the plugin's frames
 
 
 def test_marker_with_module_runs_the_script(project: pytest.Pytester) -> None:
@@ -85,8 +87,31 @@ def test_marker_with_module_runs_the_script(project: pytest.Pytester) -> None:
             trainer_stage.run()
     """)
     result = project.runpytest("-v")
-    result.assert_outcomes(passed=13, skipped=1)  # targets audits causal LMs only
-    result.stdout.fnmatch_lines(["*test_pipeline[[]dataset-cpu[]] PASSED*"])
+    result.assert_outcomes(passed=14, skipped=1)  # targets audits causal LMs only
+    result.stdout.fnmatch_lines(["*test_pipeline[[]load-cpu[]] PASSED*", "*test_pipeline[[]dataset-cpu[]] PASSED*"])
+
+
+@pytest.mark.parametrize("module", ["broken.py", "missing.py"])
+def test_a_script_that_does_not_load_fails_its_load_item_once(project: pytest.Pytester, module: str) -> None:
+    """As with --trainer-module: the load is its own item, the stages are not run, each said once."""
+    write(project, "broken.py", "import json\njson.loads('{')\n")
+    write(project, "test_pipeline.py", f"""
+        import pytest
+
+        @pytest.mark.trainer_pipeline(module="{module}", devices=["cpu"])
+        def test_pipeline(trainer_stage):
+            trainer_stage.run()
+    """)
+    result = project.runpytest("-rfs")
+    result.assert_outcomes(failed=1, skipped=14)
+    cause = "JSONDecodeError: Expecting property name*" if module == "broken.py" else "*missing.py does not exist"
+    result.stdout.fnmatch_lines([
+        f"load[[]cpu[]] failed: {module}: {cause}",
+        "*pytest-trainer: test_pipeline.py::test_pipeline*",
+        "  cpu: 14 items not run, the Trainer did not load (see load[[]cpu[]]): dataset, collate, *, padding",
+        "FAILED test_pipeline.py::test_pipeline[[]load-cpu[]] - *",
+    ])
+    assert not any("dataset[cpu] failed" in line for line in result.outlines)
 
 
 def test_marker_without_any_trainer_says_what_to_define(project: pytest.Pytester) -> None:
