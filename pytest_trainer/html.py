@@ -9,12 +9,12 @@ tokens, causes) is escaped.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_trainer.reporting import ItemRecord, PipelineReport
+from pytest_trainer.reporting import ItemRecord, PipelineReport, changed_notes, count, not_run, ordered
 
 #: Outcome -> (background, text colour) of its cell in the grid.
 _OUTCOME_COLOURS = {"passed": ("#dcf2e1", "#166b2f"), "failed": ("#fddcdc", "#a4161a"),
@@ -43,7 +43,8 @@ def write(path: Path, report: PipelineReport) -> None:
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>pytest-trainer report</title><style>{_PAGE_CSS}</style></head>\n<body>\n"
-        f"<header><h1>pytest-trainer</h1><p>{len(report.by_script())} pipeline(s), {len(records)} items: "
+        f"<header><h1>pytest-trainer</h1><p>{count(len(report.by_script()), 'pipeline')}, "
+        f"{count(len(records), 'item')}: "
         f"{escape(said)}</p></header>\n{sections}\n</body></html>\n",
         encoding="utf-8",
     )
@@ -76,8 +77,7 @@ def _script_section(script: str, records: list[ItemRecord]) -> str:
                else "<span class='verdict good'>no failure</span>")
     parts = [f"<section class='script'><h2>{escape(script)} {verdict}</h2>", _grid(records)]
     parts += [_failure(record) for record in failed]
-    changed = _ordered(note for record in records for note in record.notes
-                       if note.startswith(("precision:", "not exercised:", "baseline:")))
+    changed = changed_notes(records)
     if changed:
         parts.append("<ul class='changed'>" + "".join(f"<li>{escape(note)}</li>" for note in changed) + "</ul>")
     for record in records:
@@ -96,11 +96,11 @@ def _grid(records: list[ItemRecord]) -> str:
     """Stage by device, as the terminal shows it: the devices where something ran are columns; a device this
     machine lacks is one line with the reason, and the items a failure blocked one line per device naming it."""
     ran = [record for record in records if not _not_run(record)]
-    devices = _ordered(record.device for record in ran)
+    devices = ordered(record.device for record in ran)
     cells = {(record.stage, record.device): record for record in records}
     reasons: dict[str, int] = {}
     rows = ["<tr><th>stage</th>" + "".join(f"<th>{escape(device)}</th>" for device in devices) + "</tr>"]
-    for stage in _ordered(record.stage for record in ran):
+    for stage in ordered(record.stage for record in ran):
         row = [f"<th>{escape(stage)}</th>"]
         for device in devices:
             record = cells.get((stage, device))
@@ -122,19 +122,11 @@ def _grid(records: list[ItemRecord]) -> str:
 
 
 def _not_run_lines(records: list[ItemRecord]) -> list[str]:
+    """The terminal's lines of what did not run, the device in bold."""
     lines = []
-    for device in _ordered(record.device for record in records):
-        on = [record for record in records if record.device == device]
-        missing = [record for record in on if record.unavailable]
-        if missing:
-            lines.append(f"<b>{escape(device)}</b>: {len(missing)} item(s) not run: {escape(missing[0].reason)}")
-        by_reason: dict[str, list[str]] = {}
-        for record in on:
-            if record.blocked and not record.unavailable:
-                by_reason.setdefault(record.reason, []).append(record.stage)
-        for reason, stages in by_reason.items():
-            lines.append(f"<b>{escape(device)}</b>: {len(stages)} item(s) not run, {escape(reason)}: "
-                         f"{escape(', '.join(stages))}")
+    for lead, rest in not_run(records):
+        device, said = lead.split(":", 1)
+        lines.append(f"<b>{escape(device)}</b>:{escape(said + rest)}")
     return lines
 
 
@@ -292,7 +284,7 @@ def _loss_curve(picture: dict[str, Any]) -> str:
         legend.append(
             f"<div><span style='display:inline-block;width:14px;height:3px;background:{colour};"
             f"vertical-align:middle;margin-right:6px'></span>try {number + 1}: learning rate "
-            f"<b>{attempt.get('rate', 0):g}</b>, {len(attempt['curve'])} step(s); {escape(what)} (eval mode) "
+            f"<b>{attempt.get('rate', 0):g}</b>, {count(len(attempt['curve']), 'step')}; {escape(what)} (eval mode) "
             f"<b>{_number(attempt.get('before'))}</b> &rarr; <b>{_number(attempt.get('after'))}</b></div>"
         )
     svg.append("</svg>")
@@ -391,7 +383,7 @@ def _rewards(picture: dict[str, Any]) -> str:
     said = [f"{len(groups)} groups, {flat_groups} without spread", "filled: the completion ended, hollow: cut at "
             "max_completion_length", f"reward functions: {', '.join(map(str, functions)) or 'none named'}"]
     if missing:
-        said.append(f"{missing} reward(s) missing")
+        said.append(f"{count(missing, 'reward')} missing")
     return "".join(svg) + f"<div style='color:#666;font-size:12px'>{escape('; '.join(said))}</div>"
 
 
@@ -429,6 +421,3 @@ def _size(count: int) -> str:
             return f"{count / 2**power:.3g} {unit}"
     return f"{count} B"
 
-
-def _ordered(values: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(values))

@@ -98,7 +98,8 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
     """Run `script` (or call its `factory`) and return its Trainer, contained by `sandbox`."""
     if not script.is_file():
         raise ScriptError(
-            script, f"{script} does not exist", "check the path: a marker's module= is taken from the test file's folder, else from the rootdir"
+            script, f"{script} does not exist",
+            "check the path: a marker's module= is taken from the test file's folder, else from the rootdir",
         )
     capture = _Capture()
     output = _Tail()

@@ -102,10 +102,7 @@ class PipelineReport:
         shown by pytest; they are not repeated here."""
         for script, records in self.by_script().items():
             failed = [record for record in records if record.outcome in ("failed", "error")]
-            # How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU),
-            # and the baselines it recorded.
-            changed = _ordered(note for record in records for note in record.notes
-                               if note.startswith(("precision:", "not exercised:", "baseline:")))
+            changed = changed_notes(records)
             ran = [record for record in records if not (record.blocked or record.unavailable)]
             if failed:
                 lines, reasons = _table(records, ran)
@@ -134,19 +131,19 @@ class PipelineReport:
         parts = []
         for script, records in self.by_script().items():
             ran = [record for record in records if not (record.blocked or record.unavailable)]
-            devices = _ordered(record.device for record in ran)
+            devices = ordered(record.device for record in ran)
             parts.append(f"### pytest-trainer: `{script}`\n")
             cells = {(record.stage, record.device): record for record in records}
             reasons: dict[str, int] = {}
             if ran:
                 parts.append("| stage | " + " | ".join(devices) + " |")
                 parts.append("|---|" + "---|" * len(devices))
-                for stage in _ordered(record.stage for record in ran):
+                for stage in ordered(record.stage for record in ran):
                     row = [_markdown_cell(cells.get((stage, device)), reasons) for device in devices]
                     parts.append(f"| {stage} | " + " | ".join(row) + " |")
                 parts.append("")
             parts += [f"[{number}] {reason}  " for reason, number in reasons.items()]
-            parts += [f"{lead}{rest}  " for lead, rest in _not_run(records)]
+            parts += [f"{lead}{rest}  " for lead, rest in not_run(records)]
             for record in records:
                 if record.outcome in ("failed", "error"):
                     fix = f"  \nfix: {record.fix}" if record.fix else ""
@@ -166,8 +163,8 @@ _MARKUP = {"passed": {"green": True}, "failed": {"red": True, "bold": True}, "er
 
 def _table(records: list[ItemRecord], ran: list[ItemRecord]) -> tuple[list[Line], dict[str, int]]:
     """The items that ran (passed, failed or skipped for their own reason), stage by device."""
-    devices = _ordered(record.device for record in ran)
-    stages = _ordered(record.stage for record in ran)
+    devices = ordered(record.device for record in ran)
+    stages = ordered(record.stage for record in ran)
     cells = {(record.stage, record.device): record for record in records}
     reasons: dict[str, int] = {}
     rows: list[list[tuple[str, str]]] = [[("stage", ""), *((device, "") for device in devices)]]
@@ -197,27 +194,27 @@ def _table(records: list[ItemRecord], ran: list[ItemRecord]) -> tuple[list[Line]
     return lines, reasons
 
 
-def _not_run(records: list[ItemRecord]) -> list[tuple[str, str]]:
+def not_run(records: list[ItemRecord]) -> list[tuple[str, str]]:
     """One line per device for the items that did not run, as (lead, reasons): a device this machine lacks, or stages
     blocked by a failure (grouped by the failure)."""
     lines = []
-    for device in _ordered(record.device for record in records):
+    for device in ordered(record.device for record in records):
         on = [record for record in records if record.device == device]
         missing = [record for record in on if record.unavailable]
         if missing:
-            lines.append((f"{device}: {_count(len(missing), 'item')} not run: ", missing[0].reason))
+            lines.append((f"{device}: {count(len(missing), 'item')} not run: ", missing[0].reason))
         blocked = [record for record in on if record.blocked and not record.unavailable]
         if blocked:
             by_reason: dict[str, list[str]] = {}
             for record in blocked:
                 by_reason.setdefault(record.reason, []).append(record.stage)
             said = "; ".join(f"{reason}: {', '.join(stages)}" for reason, stages in by_reason.items())
-            lines.append((f"{device}: {_count(len(blocked), 'item')} not run, ", said))
+            lines.append((f"{device}: {count(len(blocked), 'item')} not run, ", said))
     return lines
 
 
 def _not_run_lines(records: list[ItemRecord]) -> list[Line]:
-    return [[(f"  {lead}", {"yellow": True}), (rest, {})] for lead, rest in _not_run(records)]
+    return [[(f"  {lead}", {"yellow": True}), (rest, {})] for lead, rest in not_run(records)]
 
 
 def _skipped_lines(ran: list[ItemRecord]) -> list[Line]:
@@ -230,7 +227,7 @@ def _skipped_lines(ran: list[ItemRecord]) -> list[Line]:
             for reason, names in by_reason.items()]
 
 
-def _count(number: int, noun: str) -> str:
+def count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
@@ -244,7 +241,7 @@ def _all_passed_line(ran: list[ItemRecord]) -> Line:
     passed = sum(record.outcome == "passed" for record in ran)
     if not passed:
         return [("no item ran", {"yellow": True})]
-    return [(f"all {_count(passed, 'item')} that ran passed" if passed != 1 else "the 1 item that ran passed",
+    return [(f"all {count(passed, 'item')} that ran passed" if passed != 1 else "the 1 item that ran passed",
              {"green": True})]
 
 
@@ -263,7 +260,14 @@ def _plain(record: ItemRecord) -> dict[str, Any]:
     return {key: value for key, value in asdict(record).items() if key != "pictures"}
 
 
-def _ordered(values: Iterable[str]) -> list[str]:
+def changed_notes(records: list[ItemRecord]) -> list[str]:
+    """How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU), and
+    the baselines it recorded: said once per script."""
+    return ordered(note for record in records for note in record.notes
+                    if note.startswith(("precision:", "not exercised:", "baseline:")))
+
+
+def ordered(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 

@@ -107,7 +107,7 @@ def test_classification_rows_show_their_class_and_a_failure_its_cause_and_fix(py
     failed = items[("mnli/train_two_labels.py", "dataset")]
     assert failed["outcome"] == "failed" and failed["fix"].startswith("pass num_labels=3")
     assert page.failures == [{"cause": failed["diagnosis"], "fix": failed["fix"]}]
-    assert "cpu: 2 item(s) not run, blocked by dataset[cpu]: collate, memory" in "".join(page.text)
+    assert "cpu: 2 items not run, blocked by dataset[cpu]: collate, memory" in "".join(page.text)
 
     parts = {name.removesuffix("_gib").replace("_", " ") for name in items[("mnli/train.py", "memory")]["figures"]
              if name.endswith("_gib") and name not in ("train_step_gib", "eval_gathered_gib", "eval_peak_gib")}
