@@ -280,8 +280,8 @@ def image_settings(given: Any, reloaded: Any) -> list[tuple[str, Any, Any]]:
     if image_processor is None:
         return []
     again = getattr(reloaded, "image_processor", None)
-    pairs: list[tuple[str, Any, Any]] = [("image processor class", type(image_processor).__name__,
-                                          type(again).__name__)]
+    pairs: list[tuple[str, Any, Any]] = [("image processor class", _family(type(image_processor).__name__),
+                                          _family(type(again).__name__))]
     ours = _plain(image_processor.to_dict())
     theirs = _plain(again.to_dict()) if again is not None else {}
     for key in sorted(ours):
@@ -291,6 +291,16 @@ def image_settings(given: Any, reloaded: Any) -> list[tuple[str, Any, Any]]:
         if hasattr(given, key):
             pairs.append((f"processor setting {key!r}", getattr(given, key), getattr(reloaded, key, None)))
     return pairs
+
+
+def _family(name: str) -> str:
+    """An image processor's class without its backend: transformers loads `LlavaImageProcessor` (torchvision) where
+    torchvision is installed and `LlavaImageProcessorPil` where it is not (`...Fast` and the slow one on 4.x), with
+    the same settings; a reload on another machine may pick the other backend, which prepares images alike."""
+    for backend in ("Pil", "Fast"):
+        if name.endswith(backend) and len(name) > len(backend):
+            return name.removesuffix(backend)
+    return name
 
 
 def _plain(value: Any) -> Any:

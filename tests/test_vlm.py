@@ -226,3 +226,22 @@ def test_the_same_with_ddp_not_looking_for_unused_parameters_fails_backward(vlm:
     result = run(vlm, unfrozen, "collate,forward,backward")
     check_fails(result, "backward[cpu]", "*trainable parameters get no gradient from the loss*post_layernorm*",
                 "*ddp_find_unused_parameters*")
+
+
+def test_an_image_processor_reloaded_with_the_other_backend_is_the_same_processor() -> None:
+    """Where torchvision is installed, transformers reloads `LlavaImageProcessor` (its torchvision backend) for a
+    processor trained with `LlavaImageProcessorPil` (`...Fast` and the slow one on 4.x): the same settings prepare the
+    images alike, so a checkpoint reloaded on a GPU machine is no finding. Another processor class still is."""
+    from pytest_trainer import vision_text
+
+    pil = getattr(transformers, "LlavaImageProcessorPil", None) or transformers.CLIPImageProcessor
+    other_backend = type(pil.__name__.removesuffix("Pil") + ("" if pil.__name__.endswith("Pil") else "Fast"), (pil,), {})
+    trained, reloaded = LlavaProcessor.__new__(LlavaProcessor), LlavaProcessor.__new__(LlavaProcessor)
+    trained.image_processor, reloaded.image_processor = pil(), other_backend()
+    differing = [(what, before, after) for what, before, after in vision_text.image_settings(trained, reloaded)
+                 if before != after]
+    assert differing == []
+    reloaded.image_processor = transformers.SiglipImageProcessor() if hasattr(transformers, "SiglipImageProcessor") \
+        else transformers.ViTImageProcessor()
+    assert any(what == "image processor class" for what, before, after in vision_text.image_settings(trained, reloaded)
+               if before != after)
