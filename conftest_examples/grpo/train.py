@@ -41,7 +41,8 @@ def build_tokenizer(prompts):
 
 def names_the_animal(completions, answer, **kwargs):
     """1 when the answer names the animal of the sentence, else 0."""
-    return [float(animal in completion[0]["content"].split()) for completion, animal in zip(completions, answer)]
+    return [float(animal in completion[0]["content"].split())
+            for completion, animal in zip(completions, answer, strict=True)]
 
 
 def short_answer(completions, **kwargs):
