@@ -24,8 +24,9 @@ __all__ = ["MARKER_LINE", "OPTIONS", "Option", "Settings", "parse_choices", "reg
 
 MARKER_LINE = (
     "trainer_pipeline(module=None, stages=None, devices=None, factory=None): run the test once per "
-    "pipeline stage and device of a Trainer, given through the trainer_stage fixture. Without "
-    "module=, the Trainer comes from a `trainer` fixture you define."
+    "pipeline stage and device of a Trainer, given through the trainer_stage fixture (with module=, "
+    "the script's load first, unless stages= leaves it out). Without module=, the Trainer comes from a "
+    "`trainer` fixture you define."
 )
 
 

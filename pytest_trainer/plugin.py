@@ -14,7 +14,7 @@ import pytest
 from pytest_trainer import devices, options, reporting
 from pytest_trainer.diagnosis import ScriptError, TrainerError
 from pytest_trainer.items import StageItem, TrainerScript, stated_failure
-from pytest_trainer.plan import DEVICES, STAGES, Step, cpu_first, plan
+from pytest_trainer.plan import DEVICES, LOAD, STAGES, Step, cpu_first, plan
 from pytest_trainer.session import ALL, has_session, session_of, start_session
 from pytest_trainer.settings import Settings
 
@@ -91,14 +91,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
     settings = session_of(metafunc.config).settings
     source = f"{MARKER} marker of {metafunc.definition.nodeid}"
-    stages = options.parse_choices(marker.kwargs.get("stages") or STAGES, STAGES, source)
+    # A script to run (module=) has a load item of its own, as with --trainer-module, unless stages= leaves it out;
+    # a `trainer` fixture builds the Trainer itself, and an error there is that fixture's, in each test's setup.
+    choices = (LOAD, *STAGES) if marker.kwargs.get("module") else STAGES
+    stages = options.parse_choices(marker.kwargs.get("stages") or choices, choices, source)
     on = options.parse_choices(marker.kwargs.get("devices") or DEVICES, DEVICES, source)
-    selected = [stage for stage in stages if stage in settings.stages]
     devices_on = [device for device in on if device in settings.devices]
-    if marker.kwargs.get("module"):  # a script to run: its load is an item of its own, as with --trainer-module
-        steps = plan(selected, devices_on)
-    else:  # a `trainer` fixture builds the Trainer: an error there is that fixture's, in each test's setup
-        steps = [Step(stage, device) for device in devices_on for stage in selected]
+    steps = [Step(LOAD, devices_on[0])] if LOAD in stages and devices_on else []
+    steps += [step for step in plan([stage for stage in stages if stage in settings.stages], devices_on)
+              if step.stage != LOAD]
     metafunc.parametrize("_trainer_step", steps, ids=[step.marker_id for step in steps], indirect=True)
 
 

@@ -52,7 +52,7 @@ def test_argparse_rejecting_missing_arguments_suggests_trainer_args(project: pyt
         "load[[]cpu[]] failed: train.py: the script exited (sys.exit with code 2) before building a Trainer*",
         "*| *error: the following arguments are required: --lr*",
         "*fix: *--trainer-args=*",
-        "*SKIPPED*not run: the Trainer did not load (see load[[]cpu[]])*",
+        "*SKIPPED*the Trainer did not load (see load[[]cpu[]])*",
     ])
 
 
