@@ -52,6 +52,9 @@ class Pipeline:
         self.checkpointing: str | None = None
         #: Precision settings the script asked for that this machine turned off (bf16 without a GPU, say).
         self.asked_precision: frozenset[str] = frozenset()
+        #: Where the Trainer put the model (the GPU, where there is one): a marked test finds it there after a stage.
+        self._home = next((parameter.device for parameter in trainer.model.parameters()), None) \
+            if trainer.model is not None else None
 
     # ---- data, as fed -----------------------------------------------------------------------
 
@@ -117,6 +120,14 @@ class Pipeline:
             if run is not None:
                 run.close()
                 self._starting_weights(run.model).restore(run.model)
+
+    def home(self) -> None:
+        """The model back where the Trainer put it, for the user's own assertions after a stage moved it."""
+        model: Any = self.trainer.model
+        now = next((parameter.device for parameter in model.parameters()), None) if model is not None else None
+        if self._home is not None and now is not None and now != self._home:
+            with diagnosis.pipeline_part(f"moving the model back to {self._home}"):
+                model.to(self._home)
 
     def trajectory(self, device: str, factor: float = 1.0, within: int | None = None) -> Trajectory:
         """The training run on the fixed batch shared on `device`, continued where another stage left it.
