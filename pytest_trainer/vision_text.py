@@ -284,6 +284,9 @@ def image_settings(given: Any, reloaded: Any) -> list[tuple[str, Any, Any]]:
                                           _family(type(again).__name__))]
     ours = _plain(image_processor.to_dict())
     theirs = _plain(again.to_dict()) if again is not None else {}
+    for settings in (ours, theirs):  # transformers 4.x names the backend's class here
+        if isinstance(settings.get("image_processor_type"), str):
+            settings["image_processor_type"] = _family(settings["image_processor_type"])
     for key in sorted(ours):
         if "processor_class" not in key:
             pairs.append((f"image processor setting {key!r}", ours[key], theirs.get(key)))
