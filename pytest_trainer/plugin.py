@@ -125,21 +125,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     step = _step_of(item)
     if step is None:
         return report
+    error = call.excinfo.value if call.excinfo is not None else None
     if report.failed and report.when == "call":
-        session = session_of(item.config)
-        error = call.excinfo.value if call.excinfo is not None else None
-        if isinstance(error, ScriptError):
-            session.block(_pipeline_key(item), ALL, ALL, f"the Trainer did not load (see {step.name})")
-        elif getattr(error, "blocks", True):  # a finding that leaves training working blocks nothing
-            session.block(_pipeline_key(item), step.device, step.stage, f"blocked by {step.name}")
+        _block_what_needs(item, step, error)
+        if isinstance(error, TrainerError) and not isinstance(item, StageItem):  # a marked test: told as items are
+            report.longrepr = stated_failure(step.name, error, item.path)
     if report.skipped and isinstance(report.longrepr, tuple):
         path, line, _ = item.reportinfo()  # a skip points at the script or the marked test, not the plugin's source
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
-    if report.failed and report.when == "call" and not isinstance(item, StageItem) and call.excinfo is not None \
-            and isinstance(call.excinfo.value, TrainerError):  # a marked test: the failure told as an item's is
-        report.longrepr = stated_failure(step.name, call.excinfo.value, item.path)
-    facts = _facts(item, step, call)
-    report.user_properties.append((reporting.PROPERTY, json.dumps(facts, sort_keys=True)))
+    report.user_properties.append((reporting.PROPERTY, json.dumps(_facts(item, step, call), sort_keys=True)))
     pictures = _pictures(item, call)
     if pictures:
         report.trainer_pictures = pictures  # a report attribute: it travels from xdist workers, not into junit
@@ -148,6 +142,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
             report.extras = [*getattr(report, "extras", []), *html.pytest_html_extras(pictures)]
     return report
+
+
+def _block_what_needs(item: pytest.Item, step: Step, error: BaseException | None) -> None:
+    """After a failure: every item of a script that did not load, or the stages that need this one, skip."""
+    session = session_of(item.config)
+    if isinstance(error, ScriptError):
+        session.block(_pipeline_key(item), ALL, ALL, f"the Trainer did not load (see {step.name})")
+    elif getattr(error, "blocks", True):  # a finding that leaves training working blocks nothing
+        session.block(_pipeline_key(item), step.device, step.stage, f"blocked by {step.name}")
 
 
 class ReportHooks:
