@@ -14,7 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_trainer.reporting import ItemRecord, PipelineReport, changed_notes, count, not_run, ordered
+from pytest_trainer.reporting import Grid, ItemRecord, PipelineReport, changed_notes, count, not_run
 
 #: Outcome -> (background, text colour) of its cell in the grid.
 _OUTCOME_COLOURS = {"passed": ("#dcf2e1", "#166b2f"), "failed": ("#fddcdc", "#a4161a"),
@@ -33,9 +33,9 @@ _MONO = "font-family:ui-monospace,'SFMono-Regular',Menlo,Consolas,monospace;font
 def write(path: Path, report: PipelineReport) -> None:
     """Write the report of every script to `path`, one section each."""
     records = report.records()
-    counts = {outcome: sum(record.outcome == outcome and not _not_run(record) for record in records)
+    counts = {outcome: sum(record.outcome == outcome and record.ran for record in records)
               for outcome in ("passed", "failed", "error", "skipped")}
-    counts["not run"] = sum(_not_run(record) for record in records)
+    counts["not run"] = sum(not record.ran for record in records)
     said = ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
     sections = "\n".join(_script_section(script, items) for script, items in report.by_script().items())
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,36 +88,24 @@ def _script_section(script: str, records: list[ItemRecord]) -> str:
     return "\n".join(parts) + "</section>"
 
 
-def _not_run(record: ItemRecord) -> bool:
-    return record.blocked or record.unavailable
-
-
 def _grid(records: list[ItemRecord]) -> str:
     """Stage by device, as the terminal shows it: the devices where something ran are columns; a device this
     machine lacks is one line with the reason, and the items a failure blocked one line per device naming it."""
-    ran = [record for record in records if not _not_run(record)]
-    devices = ordered(record.device for record in ran)
-    cells = {(record.stage, record.device): record for record in records}
-    reasons: dict[str, int] = {}
-    rows = ["<tr><th>stage</th>" + "".join(f"<th>{escape(device)}</th>" for device in devices) + "</tr>"]
-    for stage in ordered(record.stage for record in ran):
+    grid = Grid.of(records)
+    rows = ["<tr><th>stage</th>" + "".join(f"<th>{escape(device)}</th>" for device in grid.devices) + "</tr>"]
+    for stage, cells in grid.rows:
         row = [f"<th>{escape(stage)}</th>"]
-        for device in devices:
-            record = cells.get((stage, device))
-            if record is None:
+        for cell in cells:
+            if cell.record is None:
                 row.append("<td></td>")
                 continue
-            kind = "not run" if _not_run(record) else record.outcome
-            text = kind.upper() if kind in ("failed", "error") else kind
-            if kind == "skipped":
-                text += f" [{reasons.setdefault(record.reason, len(reasons) + 1)}]"
-            title = record.reason or record.diagnosis
-            row.append(f"<td class='{kind.replace(' ', '-')}' title='{escape(title)}'>{text}"
-                       f" <small>{record.duration:.1f} s</small></td>")
+            title = cell.record.reason or cell.record.diagnosis
+            row.append(f"<td class='{cell.kind.replace(' ', '-')}' title='{escape(title)}'>{escape(cell.text)}"
+                       f" <small>{cell.record.duration:.1f} s</small></td>")
         rows.append("<tr>" + "".join(row) + "</tr>")
-    lines = [f"[{number}] {escape(reason)}" for reason, number in reasons.items()]
+    lines = [f"[{number}] {escape(reason)}" for reason, number in grid.reasons.items()]
     lines += _not_run_lines(records)
-    table = f"<table class='grid'>{''.join(rows)}</table>" if devices else "<p>no item ran</p>"
+    table = f"<table class='grid'>{''.join(rows)}</table>" if grid.devices else "<p>no item ran</p>"
     return table + "".join(f"<p class='aside'>{line}</p>" for line in lines)
 
 

@@ -43,6 +43,41 @@ class ItemRecord:
     def name(self) -> str:
         return f"{self.stage}[{self.device}]"
 
+    @property
+    def ran(self) -> bool:
+        """Run, whatever its outcome (a skip for its own reason included): not blocked, its device not missing."""
+        return not (self.blocked or self.unavailable)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the stage-by-device grid, as every rendering of it says it."""
+
+    #: "passed", "FAILED", "ERROR", "skipped [1]" (the footnote of its reason), "not run", or "" (no such item).
+    text: str
+    #: The outcome ("passed", "failed", "error", "skipped"), "not run", or "": what colours it.
+    kind: str
+    record: ItemRecord | None = None
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The items that ran, stage by device; the reasons of their skips, numbered as the cells cite them."""
+
+    devices: list[str]
+    rows: list[tuple[str, list[Cell]]]
+    reasons: dict[str, int]
+
+    @classmethod
+    def of(cls, records: list[ItemRecord]) -> Grid:
+        ran = [record for record in records if record.ran]
+        devices = ordered(record.device for record in ran)
+        cells = {(record.stage, record.device): record for record in records}
+        reasons: dict[str, int] = {}
+        rows = [(stage, [_cell(cells.get((stage, device)), reasons) for device in devices])
+                for stage in ordered(record.stage for record in ran)]
+        return cls(devices, rows, reasons)
+
 
 def facts_of(report: Any) -> dict[str, Any]:
     """The pipeline facts an item's report carries (a JSON string among its user_properties), or {}."""
@@ -103,11 +138,11 @@ class PipelineReport:
         for script, records in self.by_script().items():
             failed = [record for record in records if record.outcome in ("failed", "error")]
             changed = changed_notes(records)
-            ran = [record for record in records if not (record.blocked or record.unavailable)]
             if failed:
-                lines, reasons = _table(records, ran)
-                lines += [[(f"  [{number}] {reason}", {})] for reason, number in reasons.items()]
+                grid = Grid.of(records)
+                lines = _table(grid) + [[(f"  [{number}] {reason}", {})] for reason, number in grid.reasons.items()]
             else:
+                ran = [record for record in records if record.ran]
                 lines = [_all_passed_line(ran), *_skipped_lines(ran)]
             lines += _not_run_lines(records)
             lines += [[(note, {})] for note in changed]
@@ -130,19 +165,16 @@ class PipelineReport:
         and fix, and the script's items as JSON (in a collapsed block) for a program to read."""
         parts = []
         for script, records in self.by_script().items():
-            ran = [record for record in records if not (record.blocked or record.unavailable)]
-            devices = ordered(record.device for record in ran)
+            grid = Grid.of(records)
             parts.append(f"### pytest-trainer: `{script}`\n")
-            cells = {(record.stage, record.device): record for record in records}
-            reasons: dict[str, int] = {}
-            if ran:
-                parts.append("| stage | " + " | ".join(devices) + " |")
-                parts.append("|---|" + "---|" * len(devices))
-                for stage in ordered(record.stage for record in ran):
-                    row = [_markdown_cell(cells.get((stage, device)), reasons) for device in devices]
+            if grid.rows:
+                parts.append("| stage | " + " | ".join(grid.devices) + " |")
+                parts.append("|---|" + "---|" * len(grid.devices))
+                for stage, cells in grid.rows:
+                    row = [f"**{cell.text}**" if cell.kind in ("failed", "error") else cell.text for cell in cells]
                     parts.append(f"| {stage} | " + " | ".join(row) + " |")
                 parts.append("")
-            parts += [f"[{number}] {reason}  " for reason, number in reasons.items()]
+            parts += [f"[{number}] {reason}  " for reason, number in grid.reasons.items()]
             parts += [f"{lead}{rest}  " for lead, rest in not_run(records)]
             for record in records:
                 if record.outcome in ("failed", "error"):
@@ -161,37 +193,30 @@ _MARKUP = {"passed": {"green": True}, "failed": {"red": True, "bold": True}, "er
            "skipped": {"yellow": True}, "not run": {"yellow": True}}
 
 
-def _table(records: list[ItemRecord], ran: list[ItemRecord]) -> tuple[list[Line], dict[str, int]]:
-    """The items that ran (passed, failed or skipped for their own reason), stage by device."""
-    devices = ordered(record.device for record in ran)
-    stages = ordered(record.stage for record in ran)
-    cells = {(record.stage, record.device): record for record in records}
-    reasons: dict[str, int] = {}
-    rows: list[list[tuple[str, str]]] = [[("stage", ""), *((device, "") for device in devices)]]
-    for stage in stages:
-        row = [(stage, "")]
-        for device in devices:
-            record = cells.get((stage, device))
-            if record is None:
-                row.append(("-", ""))
-            elif record.blocked or record.unavailable:
-                row.append(("not run", "not run"))
-            elif record.outcome == "skipped":
-                row.append((f"skipped [{reasons.setdefault(record.reason, len(reasons) + 1)}]", "skipped"))
-            else:
-                row.append((record.outcome.upper() if record.outcome != "passed" else "passed", record.outcome))
-        rows.append(row)
+def _table(grid: Grid) -> list[Line]:
+    """The grid as aligned, coloured lines ("-" where the plan has no such item)."""
+    rows = [[("stage", ""), *((device, "") for device in grid.devices)]]
+    rows += [[(stage, ""), *((cell.text or "-", cell.kind) for cell in cells)] for stage, cells in grid.rows]
     widths = [max(len(row[column][0]) for row in rows) for column in range(len(rows[0]))]
     lines = []
     for row in rows:
         line: Line = [("  ", {})]
         for index, ((text, kind), width) in enumerate(zip(row, widths, strict=True)):
-            last = index == len(row) - 1
             line.append((text, _MARKUP.get(kind, {})))
-            if not last:
+            if index < len(row) - 1:
                 line.append((" " * (width - len(text) + 2), {}))
         lines.append(line)
-    return lines, reasons
+    return lines
+
+
+def _cell(record: ItemRecord | None, reasons: dict[str, int]) -> Cell:
+    if record is None:
+        return Cell("", "")
+    if not record.ran:
+        return Cell("not run", "not run", record)
+    if record.outcome == "skipped":
+        return Cell(f"skipped [{reasons.setdefault(record.reason, len(reasons) + 1)}]", "skipped", record)
+    return Cell(record.outcome.upper() if record.outcome != "passed" else "passed", record.outcome, record)
 
 
 def not_run(records: list[ItemRecord]) -> list[tuple[str, str]]:
@@ -203,7 +228,7 @@ def not_run(records: list[ItemRecord]) -> list[tuple[str, str]]:
         missing = [record for record in on if record.unavailable]
         if missing:
             lines.append((f"{device}: {count(len(missing), 'item')} not run: ", missing[0].reason))
-        blocked = [record for record in on if record.blocked and not record.unavailable]
+        blocked = [record for record in on if record.blocked and not record.unavailable]  # missing devices said
         if blocked:
             by_reason: dict[str, list[str]] = {}
             for record in blocked:
@@ -243,16 +268,6 @@ def _all_passed_line(ran: list[ItemRecord]) -> Line:
         return [("no item ran", {"yellow": True})]
     return [(f"all {count(passed, 'item')} that ran passed" if passed != 1 else "the 1 item that ran passed",
              {"green": True})]
-
-
-def _markdown_cell(record: ItemRecord | None, reasons: dict[str, int]) -> str:
-    if record is None:
-        return ""
-    if record.blocked or record.unavailable:
-        return "not run"
-    if record.outcome == "skipped":
-        return f"skipped [{reasons.setdefault(record.reason, len(reasons) + 1)}]"
-    return {"passed": "passed", "failed": "**FAILED**", "error": "**ERROR**"}[record.outcome]
 
 
 def _plain(record: ItemRecord) -> dict[str, Any]:
