@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from collections.abc import Generator
@@ -133,7 +132,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and isinstance(report.longrepr, tuple):
         path, line, _ = item.reportinfo()  # a skip points at the script or the marked test, not the plugin's source
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
-    report.user_properties.append((reporting.PROPERTY, json.dumps(_facts(item, step, call), sort_keys=True)))
+    report.user_properties.append((reporting.PROPERTY, reporting.to_json(_facts(item, step, call))))
     pictures = _pictures(item, call)
     if pictures:
         report.trainer_pictures = pictures  # a report attribute: it travels from xdist workers, not into junit

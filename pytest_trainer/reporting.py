@@ -7,6 +7,7 @@ so a run under pytest-xdist, whose reports arrive from the workers, gives the sa
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,6 +78,21 @@ class Grid:
         rows = [(stage, [_cell(cells.get((stage, device)), reasons) for device in devices])
                 for stage in ordered(record.stage for record in ran)]
         return cls(devices, rows, reasons)
+
+
+def to_json(value: Any, indent: int | None = None) -> str:
+    """Strict JSON, which any program parses: a non-finite figure (a NaN loss) is the string "nan", "inf" or "-inf"
+    (Python's json would write NaN, which JSON has not)."""
+    def finite(item: Any) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            return str(item)
+        if isinstance(item, dict):
+            return {key: finite(inner) for key, inner in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(inner) for inner in item]
+        return item
+
+    return json.dumps(finite(value), indent=indent, sort_keys=True, allow_nan=False)
 
 
 def facts_of(report: Any) -> dict[str, Any]:
@@ -158,7 +174,7 @@ class PipelineReport:
         unexplained = [f"{record.script}::{record.name}" for record in self.unexplained()]
         path.parent.mkdir(parents=True, exist_ok=True)
         report = {"items": items, "unexplained": {"count": len(unexplained), "items": unexplained}}
-        path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        path.write_text(to_json(report, indent=2) + "\n")
 
     def markdown(self) -> str:
         """The GitHub step summary: per script the table of what ran, what did not run folded, each failure's cause
@@ -180,7 +196,7 @@ class PipelineReport:
                 if record.outcome in ("failed", "error"):
                     fix = f"  \nfix: {record.fix}" if record.fix else ""
                     parts.append(f"\n**{record.name}**: {record.diagnosis}{fix}")
-            data = json.dumps([_plain(record) for record in records], indent=1, sort_keys=True)
+            data = to_json([_plain(record) for record in records], indent=1)
             parts.append(f"\n<details><summary>pytest-trainer data (JSON)</summary>\n\n```json\n{data}\n```\n\n"
                          "</details>\n")
         return "\n".join(parts) + "\n"
