@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from pytest_trainer import script_errors
+from pytest_trainer import script_errors, stack
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.diagnosis import ScriptError
 
@@ -162,7 +162,7 @@ def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
             f"no function {factory!r} in the script",
             f"--trainer-factory names one of its functions: {', '.join(found) or 'it defines none'}",
         )
-    made = function()
+    made = stack.call_at_base(function)
     if not isinstance(made, Trainer):
         raise ScriptError(
             script,
@@ -199,7 +199,7 @@ def run_script(script: Path, name: str) -> types.ModuleType:
     owner = sys.modules.get(name)
     sys.modules[name] = module
     try:
-        exec(code, module.__dict__)
+        stack.call_at_base(exec, code, module.__dict__)  # where `python train.py` runs it: see `stack`
     finally:
         if owner is not None:
             sys.modules[name] = owner

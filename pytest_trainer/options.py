@@ -244,6 +244,7 @@ def resolve(config: pytest.Config) -> Settings:
         if raw is not None:
             values[_FIELDS.get(option.name, option.name)] = option.convert(raw)
     values["devices_named"] = "devices" in values
+    values["stages_named"] = "stages" in values
     if values.get("processes") == 1:
         del values["processes"]  # one process is the default: no distributed item
     stages = values.get("stages", ())

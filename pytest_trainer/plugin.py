@@ -238,6 +238,7 @@ def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_
         seed=zlib.crc32(request.node.nodeid.encode()),
         on_cuda_broken=lambda why: setattr(session, "cuda_broken", why),
         shares_training=isinstance(request.node, StageItem),
+        named=not isinstance(request.node, StageItem) or session.settings.stages_named,
     )
 
 

@@ -23,6 +23,9 @@ class Settings:
     factory: str | None = None
     #: The stages selected, in plan order (empty: every stage).
     stages: tuple[str, ...] = ()
+    #: Whether the stages were named (--trainer-stages, trainer_stages): a stage with nothing to check in this run
+    #: then still runs and reports, instead of being skipped with the reason.
+    stages_named: bool = False
     devices: tuple[str, ...] = DEVICES
     #: Whether the devices were named (--trainer-devices, trainer_devices): a named device this machine lacks is an
     #: error, while a default one is skipped with the reason.

@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "pytest_trainer.sharding"),  # trainer families, fed data, training runs, losses
     ("pytest_trainer.tasks",),  # what a task's labels and inputs are
     ("pytest_trainer.model_facts", "pytest_trainer.tables", "pytest_trainer.devices", "pytest_trainer.settings",
-     "pytest_trainer.diagnosis", "pytest_trainer.timeouts"),  # facts
+     "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack"),  # facts
 )
 
 

@@ -255,6 +255,23 @@ def long_row_lengths(tmp_path: Any) -> tuple[int, int]:
     return max(len(ids) for ids in data["input_ids"]), int(first_batch["input_ids"].shape[-1])
 
 
+def test_without_a_budget_the_default_suite_skips_memory_with_the_reason(project: pytest.Pytester) -> None:
+    """No GPU and no --trainer-gpu-memory: the forecast has nothing to be held to, so the default suite skips it
+    (saying how to give it a budget) instead of paying for a step on fake tensors that cannot fail. A budget, or
+    naming the stage (the other tests of this file), runs it."""
+    write(project, "train.py", GOOD_SCRIPT)
+    result = run_script(project)
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    if torch.cuda.is_available():  # the GPU present is the budget
+        assert outcomes(result).get("memory[cpu]") == "PASSED", result.stdout.str()[-6000:]
+    else:
+        assert outcomes(result).get("memory[cpu]") == "SKIPPED", result.stdout.str()[-6000:]
+        result.stdout.fnmatch_lines(["*memory*no GPU memory to forecast against: give the GiB of the GPU you train on "
+                                     "with --trainer-gpu-memory=GIB*"])
+    budgeted = run_script(project, "--trainer-gpu-memory=80")
+    assert failures(budgeted) == [] and outcomes(budgeted).get("memory[cpu]") == "PASSED", budgeted.stdout.str()[-6000:]
+
+
 def test_memory_stage_on_the_tiny_bert_reports_the_step_at_the_longest_row(project: pytest.Pytester,
                                                                           tmp_path: Any) -> None:
     assert LONG_ROW_SCRIPT.count("long_row_data()") == 2

@@ -53,12 +53,15 @@ class TrainerStage:
         seed: int,
         on_cuda_broken: Callable[[str], None],
         shares_training: bool = False,
+        named: bool = True,
     ) -> None:
         self._load, self.stage, self.device, self.seed = load, stage, device, seed
         self._on_cuda_broken = on_cuda_broken
         #: Whether the next stage may continue the training this one did (a script's own items); else, and after
         #: a failure, the model gets its starting weights back when the stage ends.
         self.shares_training = shares_training
+        #: Whether the stage was named (by --trainer-stages or a marked test): it runs even with nothing to check.
+        self.named = named
         #: What the last run() produced, for the report.
         self.result: StageResult | None = None
 
@@ -125,6 +128,9 @@ class TrainerStage:
                 raise diagnosis.InternalError(self.stage, error) from error
             if reason:
                 pytest.skip(reason)
+        idle = stage.idle(pipeline) if stage.idle is not None and not self.named else None
+        if idle:
+            pytest.skip(idle)
         first = next((device for device in devices.DEVICES if device in pipeline.settings.devices), self.device)
         if stage.same_on_every_device and self.device != first:
             pytest.skip(f"{stage.same_on_every_device}: {self.stage}[{first}] covers it")

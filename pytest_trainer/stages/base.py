@@ -69,3 +69,6 @@ class Stage:
     first: bool = False
     #: Why it does not apply to a task or a trainer family (the item is skipped with that reason), or None.
     applies: Callable[[Task, Family], str | None] = everywhere
+    #: Why it has nothing to check in this run and could only report (a forecast with no budget to hold it to), or
+    #: None. Such an item is skipped with that reason unless the stage was named (--trainer-stages, a marker).
+    idle: Callable[[Pipeline], str | None] | None = None

@@ -4,8 +4,9 @@ The forecast takes the script's own per-device batch size, the longest rows of i
 batches them, its optimizer, mixed precision, gradient checkpointing and adapters (see `memory`). The
 evaluation's peak adds what the Trainer gathers for compute_metrics: every evaluation row's logits,
 unless preprocess_logits_for_metrics reduces them or eval_accumulation_steps moves them off the GPU.
-The budget is --trainer-gpu-memory, else the GPU present; without either the forecast is reported only.
-On CUDA the step is also taken for real and its measured peak reported beside the forecast.
+The budget is --trainer-gpu-memory, else the GPU present. Without either there is nothing to hold the forecast to:
+the item is skipped with the reason, and runs to report the forecast alone when the stage is named. On CUDA the step
+is also taken for real and its measured peak reported beside the forecast.
 """
 
 from __future__ import annotations
@@ -101,6 +102,16 @@ def longest_batch(pipeline: Pipeline, split: FedSplit, rows: int, device: str) -
     return batch, length
 
 
+def idle(pipeline: Pipeline) -> str | None:
+    """Why the forecast has no budget to be held to on this machine, or None."""
+    import torch
+
+    if pipeline.settings.gpu_memory or torch.cuda.is_available():
+        return None
+    return ("no GPU memory to forecast against: give the GiB of the GPU you train on with --trainer-gpu-memory=GIB "
+            "to check that a training step fits it (--trainer-stages=memory reports the forecast alone)")
+
+
 def _budget(pipeline: Pipeline, device: str) -> int:
     """Bytes of GPU memory to forecast against: the option, else the GPU present, else 0 (report only)."""
     import torch
@@ -156,4 +167,4 @@ def _measured_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], dtype:
         return held + int(torch.cuda.max_memory_allocated()) - before
 
 
-STAGE = Stage("memory", rank=110, run=run, needs=("step",))
+STAGE = Stage("memory", rank=110, run=run, needs=("step",), idle=idle)
