@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_trainer.plan import OPT_IN
+from pytest_trainer.sampling import SECONDS_FIGURE
+
 #: Name under which an item's pipeline facts travel in `report.user_properties`.
 PROPERTY = "pytest_trainer"
 
@@ -161,6 +164,7 @@ class PipelineReport:
                 ran = [record for record in records if record.ran]
                 lines = [_all_passed_line(ran), *_skipped_lines(ran)]
             lines += _not_run_lines(records)
+            lines += _cost_lines(records)
             lines += [[(note, {})] for note in changed]
             unexplained = [record.name for record in failed if record.unexplained]
             if unexplained:
@@ -256,6 +260,22 @@ def not_run(records: list[ItemRecord]) -> list[tuple[str, str]]:
 
 def _not_run_lines(records: list[ItemRecord]) -> list[Line]:
     return [[(f"  {lead}", {"yellow": True}), (rest, {})] for lead, rest in not_run(records)]
+
+
+def _cost_lines(records: list[ItemRecord]) -> list[Line]:
+    """What the work a run can leave out cost: each opt-in stage that ran, and sampling completions by generation (an
+    online RL trainer's batches), so that turning them on is a known price."""
+    lines: list[Line] = []
+    for record in records:
+        setting = OPT_IN.get(record.stage)
+        if setting and record.ran and record.outcome != "skipped":
+            lines.append([(f"  {record.name} took {record.duration:.1f} s", {"bold": True}),
+                          (f" (opt-in: --trainer-{setting.replace('_', '-')})", {})])
+        sampling = record.figures.get(SECONDS_FIGURE)
+        if sampling:
+            lines.append([(f"  sampling completions took {sampling:.1f} s", {"bold": True}),
+                          (f" (generation and reward functions, once for every item; in {record.name})", {})])
+    return lines
 
 
 def _skipped_lines(ran: list[ItemRecord]) -> list[Line]:

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from pytest_trainer import diagnosis
-from pytest_trainer.sampling import NOT_DATA, Sampled
+from pytest_trainer.sampling import NOT_DATA, SECONDS_FIGURE, Sampled
 
 #: Rewards closer than this are the same reward (as TRL tells a group with no spread).
 SAME = 1e-6
@@ -35,6 +35,7 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
         "truncated_share": (count - ended) / max(count, 1),
         "mean_completion_length": sum(sampled.lengths) / max(count, 1),
         "reward_mean": _mean(totals), "groups_with_spread": float(sum(spread > SAME for spread in spreads)),
+        SECONDS_FIGURE: sampled.seconds,
     })
     for index, name in enumerate(sampled.names):
         values = [row[index] for row in sampled.rewards]

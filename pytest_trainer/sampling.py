@@ -10,12 +10,16 @@ checks need besides the batch: the completions, each reward function's raw answe
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
+
+#: The figure of the seconds sampling took, given by the stage that reports the rewards (the summary shows it).
+SECONDS_FIGURE = "sampling_seconds"
 
 if TYPE_CHECKING:
     import torch
@@ -58,6 +62,8 @@ class Sampled:
     lengths: list[int] = field(default_factory=list)
     #: Every call of each reward function, by name: one per generation batch drawn.
     calls: dict[str, list[Call]] = field(default_factory=dict)
+    #: Wall seconds the sampling took: the trainer's generation and its reward functions, every batch drawn.
+    seconds: float = 0.0
 
     @property
     def conversational(self) -> bool:
@@ -97,6 +103,7 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
     # The trainer samples on its own device (its prompts go there); a CPU item of a GPU machine moved the model.
     where = next((parameter.device for parameter in model.parameters()), None)
     home = trainer.accelerator.device
+    started = time.perf_counter()
     with torch.random.fork_rng(devices=_cuda_devices(home)), _recorded(trainer, sampled):
         torch.manual_seed(SEED)
         model.train()  # the trainer samples in training mode, with the training batch sizes
@@ -120,6 +127,7 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
             model.train(was_training)
             if where is not None and where != home:
                 model.to(where)
+    sampled.seconds = time.perf_counter() - started
     return dict(chosen), sampled
 
 

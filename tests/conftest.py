@@ -194,9 +194,15 @@ def write(pytester: pytest.Pytester, name: str, source: str) -> str:
     return name
 
 
+#: A GPU's memory for the `memory` stage to forecast against, so that it runs in every kind of pipeline here (without
+#: a GPU or a budget the default suite skips it: tests/test_memory.py).
+BUDGET = "--trainer-gpu-memory=80"
+
+
 def run_script(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    """Run the pipeline items of `train.py` on the CPU, verbosely, so `outcomes` can read each item."""
-    return pytester.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-v", "-rs", *args)
+    """Run the pipeline items of `train.py` on the CPU, verbosely, so `outcomes` can read each item; the memory
+    forecast holds a step to an 80 GiB GPU (a later --trainer-gpu-memory in `args` wins)."""
+    return pytester.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-v", "-rs", BUDGET, *args)
 
 
 OUTCOME = "(PASSED|FAILED|SKIPPED|ERROR)"

@@ -160,7 +160,8 @@ def test_data_built_differently_in_each_process_fails_first(project: pytest.Pyte
 
         tok = tiny.tokenizer()
         raw = tiny.text_dataset(40)
-        names = list({str(label) for label in raw["label"]} | {"spare"})  # a set's order: each interpreter its own
+        # A set's order: each interpreter its own (with 11 names, two the same by chance about once in 10**7 runs).
+        names = list({str(label) for label in raw["label"]} | {f"spare {index}" for index in range(8)})
         label2id = {name: index for index, name in enumerate(names)}
         data = tiny.tokenized(raw.map(lambda row: {"label": label2id[str(row["label"])]}), tok)
         splits = data.train_test_split(test_size=0.25)  # no seed: each process draws its own split

@@ -260,7 +260,7 @@ def test_without_a_budget_the_default_suite_skips_memory_with_the_reason(project
     (saying how to give it a budget) instead of paying for a step on fake tensors that cannot fail. A budget, or
     naming the stage (the other tests of this file), runs it."""
     write(project, "train.py", GOOD_SCRIPT)
-    result = run_script(project)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-v", "-rs")
     assert failures(result) == [], result.stdout.str()[-6000:]
     if torch.cuda.is_available():  # the GPU present is the budget
         assert outcomes(result).get("memory[cpu]") == "PASSED", result.stdout.str()[-6000:]

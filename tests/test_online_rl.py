@@ -57,6 +57,9 @@ def test_a_correct_grpo_script_passes_with_its_rewards_and_completions_reported(
     assert targets["figures"]["groups_with_spread"] >= 1
     assert any("reward spread (max - min) per group" in note for note in targets["notes"])
     assert any("end within max_completion_length=8" in note for note in targets["notes"])
+    assert targets["figures"]["sampling_seconds"] > 0  # what generation cost, in the summary too
+    result.stdout.fnmatch_lines(["  sampling completions took *.* s (generation and reward functions, once for every "
+                                 "item; in targets[[]cpu[]])"])
     assert report["backward"]["figures"]["gradient_norm"] > 0
     overfit = report["overfit"]
     assert overfit["figures"]["loss_after"] < overfit["figures"]["loss_before"]

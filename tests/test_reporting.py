@@ -118,6 +118,7 @@ def test_baseline_round_trip(project: pytest.Pytester) -> None:
     assert outcomes(recorded) == {"baseline[cpu]": "PASSED"}
     recorded.stdout.fnmatch_lines(["baseline: recorded 8 figures to */baselines/train.txt: commit it, so that later "
                                    "runs compare against it"])
+    recorded.stdout.fnmatch_lines(["  baseline[[]cpu[]] took *.* s (opt-in: --trainer-baseline)"])  # its own cost
     text = (project.path / "baselines/train.txt").read_text()
     names = [line.split(":")[0] for line in text.splitlines() if not line.startswith("#")]
     assert names == ["parameters", "trainable_parameters", "output_shape", "learning_rate", "loss_at_init",
