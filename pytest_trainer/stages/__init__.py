@@ -120,20 +120,26 @@ class TrainerStage:
         if uncovered:
             pytest.skip(uncovered)
         if stage.applies is not everywhere:
-            try:
-                reason = stage.applies(pipeline.task, pipeline.family)
-            except diagnosis.TrainerError:
-                raise
-            except Exception as error:
-                raise diagnosis.InternalError(self.stage, error) from error
-            if reason:
-                pytest.skip(reason)
-        idle = stage.idle(pipeline) if stage.idle is not None and not self.named else None
-        if idle:
-            pytest.skip(idle)
+            self._skip_for(lambda: stage.applies(pipeline.task, pipeline.family))
+        if stage.idle is not None and not self.named:
+            idle = stage.idle
+            self._skip_for(lambda: idle(pipeline))
         first = next((device for device in devices.DEVICES if device in pipeline.settings.devices), self.device)
         if stage.same_on_every_device and self.device != first:
             pytest.skip(f"{stage.same_on_every_device}: {self.stage}[{first}] covers it")
+
+    def _skip_for(self, reason_of: Callable[[], str | None]) -> None:
+        """Skip with the reason a stage's declaration gives (`applies`, `idle`); its own error is the plugin's."""
+        import pytest
+
+        try:
+            reason = reason_of()
+        except diagnosis.TrainerError:
+            raise
+        except Exception as error:
+            raise diagnosis.InternalError(self.stage, error) from error
+        if reason:
+            pytest.skip(reason)
 
     def _run_on_cuda(self, pipeline: Pipeline) -> StageResult:
         __tracebackhide__ = True
