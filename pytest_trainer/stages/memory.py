@@ -104,9 +104,7 @@ def longest_batch(pipeline: Pipeline, split: FedSplit, rows: int, device: str) -
 
 def idle(pipeline: Pipeline) -> str | None:
     """Why the forecast has no budget to be held to on this machine, or None."""
-    import torch
-
-    if pipeline.settings.gpu_memory or torch.cuda.is_available():
+    if _budget(pipeline, "cpu"):
         return None
     return ("no GPU memory to forecast against: give the GiB of the GPU you train on with --trainer-gpu-memory=GIB "
             "to check that a training step fits it (--trainer-stages=memory reports the forecast alone)")
