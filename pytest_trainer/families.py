@@ -80,8 +80,10 @@ class Family:
         """(loss, logits, labels) of the trainer's own prediction step on a batch on `device`, as its evaluation takes
         it (with `generate`, the generation settings of its evaluation too)."""
         settings = self.prediction_settings(trainer) if generate else {}
+        # As Trainer.evaluate asks: the predictions only where compute_metrics reads them.
+        loss_only = trainer.compute_metrics is None or bool(trainer.args.prediction_loss_only)
         with training.inputs_on(trainer, device):
-            return trainer.prediction_step(model, batch, prediction_loss_only=False, **settings)  # type: ignore[no-any-return]
+            return trainer.prediction_step(model, batch, prediction_loss_only=loss_only, **settings)  # type: ignore[no-any-return]
 
 
 class Seq2Seq(Family):
@@ -105,6 +107,18 @@ class SFT(Family):
 
     trainers = ("SFTTrainer",)
     name = "SFTTrainer"
+
+    def loss(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The trainer's own loss, and the model's outputs from a forward of their own: TRL's fused LM head builds no
+        logits, and asking its compute_loss for them (return_outputs=True) is deprecated."""
+        import torch
+
+        with diagnosis.pipeline_part("the model's forward (through the Trainer's compute_loss)"), \
+                trainer.compute_loss_context_manager():
+            loss: torch.Tensor = trainer.compute_loss(model, dict(batch))  # type: ignore[assignment]
+            with torch.no_grad():
+                outputs = model(**{key: value for key, value in batch.items() if key != "labels"}, use_cache=False)
+        return loss, outputs
 
 
 class Preference(Family):
@@ -178,7 +192,12 @@ class Online(Family):
         batch, self.sampled = sampling.sample(trainer)
         if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by train(); the loss scales by it
             trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
-        if not sampling.has_advantage(batch):
+        if self.sampled.masks_truncated and self.sampled.ended and not any(self.sampled.ended):
+            self._no_signal = (
+                "every sampled completion is cut at max_completion_length and mask_truncated_completions drops it "
+                "from the loss, so the policy loss has no gradient to check (targets says why)"
+            )
+        elif not sampling.has_advantage(batch):
             self._no_signal = (
                 f"every advantage of the sampled batches is 0: each prompt's {self.sampled.group} completions got the "
                 "same total reward, so the policy loss has no gradient to check (targets says why)"

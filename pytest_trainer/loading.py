@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextlib
+import functools
 import io
 import itertools
 import logging
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from pytest_trainer import script_errors, stack
+from pytest_trainer import script_errors, stack, user_files
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.diagnosis import ScriptError
 
@@ -50,7 +51,9 @@ class _StopScript(BaseException):
 class _Capture:
     """Which Trainers the script built, which one it asked to train, and how its data was sampled."""
 
-    def __init__(self) -> None:
+    def __init__(self, folders: user_files.UserFolders) -> None:
+        #: The output folders the script named, put back as they were after it ran.
+        self.folders = folders
         self.built: list[Trainer] = []
         self.started: Trainer | None = None
         self.sampled: list[str] = []
@@ -92,6 +95,8 @@ class LoadedScript:
     unexercised: tuple[str, ...] = ()
     #: The fsdp_config of a script that asks for FSDP, which one process cannot run (None: it does not ask).
     fsdp: dict[str, Any] | None = None
+    #: The output folders of the user's tree that the script wrote to before train(), put back: one line each.
+    put_back: tuple[str, ...] = ()
 
 
 def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -101,9 +106,11 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             script, f"{script} does not exist",
             "check the path: a marker's module= is taken from the test file's folder, else from the rootdir",
         )
-    capture = _Capture()
+    capture = _Capture(user_files.UserFolders(script, sandbox.output_dir))
     output = _Tail()
+    put_back: list[str] = []
     with (
+        _folders_put_back(capture.folders, put_back),
         _process_state_restored(script, script_args),
         _sandboxed_transformers(sandbox, capture),
         _sampled_datasets(sandbox.sample, capture),
@@ -147,7 +154,16 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
     return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision), frozenset(capture.asked),
-                        tuple(capture.unexercised), capture.fsdp)
+                        tuple(capture.unexercised), capture.fsdp, tuple(put_back))
+
+
+@contextmanager
+def _folders_put_back(folders: user_files.UserFolders, lines: list[str]) -> Iterator[None]:
+    """Put the output folders the script named back as they were, whether it stopped at train() or failed."""
+    try:
+        yield
+    finally:
+        lines.extend(folders.restore())
 
 
 def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
@@ -293,6 +309,8 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
     original_init = Trainer.__init__
 
     def post_init(self: Any) -> None:
+        if self.output_dir:
+            capture.folders.watch(self.output_dir)
         asked = precision_for_this_machine(self)
         unexercised = engines_for_this_machine(self)
         if unexercised and unexercised not in capture.unexercised:
@@ -308,24 +326,35 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         if asked and line not in capture.precision:
             capture.precision.append(line)
 
+    # Frameworks read these signatures (to choose between processing_class= and tokenizer=, say): each replacement
+    # keeps the original's name, docstring and signature.
+    @functools.wraps(original_init)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         arguments = kwargs.get("args", args[1] if len(args) > 1 else None)
         if arguments is not None:  # the script may have changed them after they were built
+            if arguments.output_dir:
+                capture.folders.watch(arguments.output_dir)
             sandbox_arguments(arguments, sandbox)
         original_init(self, *args, **kwargs)
         capture.built.append(self)
         for name in STOP_METHODS:  # also stops subclasses that override train() without super()
-            setattr(self, name, types.MethodType(stop, self))
+            setattr(self, name, types.MethodType(stops[name], self))
 
-    def stop(self: Any, *args: Any, **kwargs: Any) -> None:
-        capture.started = self
-        raise _StopScript
+    def stopping(method: Any) -> Any:
+        @functools.wraps(method)
+        def stop(self: Any, *args: Any, **kwargs: Any) -> None:
+            capture.started = self
+            raise _StopScript
 
+        return stop
+
+    stops = {name: stopping(getattr(Trainer, name)) for name in STOP_METHODS}
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(TrainingArguments, "__post_init__", post_init))
+        stack.enter_context(mock.patch.object(TrainingArguments, "__post_init__",
+                                              functools.wraps(original_post_init)(post_init)))
         stack.enter_context(mock.patch.object(Trainer, "__init__", init))
         for name in STOP_METHODS:
-            stack.enter_context(mock.patch.object(Trainer, name, stop))
+            stack.enter_context(mock.patch.object(Trainer, name, stops[name]))
         yield
 
 
@@ -391,8 +420,12 @@ def sandbox_arguments(args: Any, sandbox: Sandbox) -> None:
         args.per_device_train_batch_size = sandbox.batch_size
     args.report_to = []
     args.push_to_hub = False
+    # No worker processes, and so none of the settings only workers take (DataLoader refuses a prefetch factor
+    # without workers).
     args.dataloader_num_workers = 0
     args.dataloader_persistent_workers = False
+    if hasattr(args, "dataloader_prefetch_factor"):
+        args.dataloader_prefetch_factor = None
     args.dataloader_pin_memory = False
 
 

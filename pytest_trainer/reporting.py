@@ -312,10 +312,10 @@ def _plain(record: ItemRecord) -> dict[str, Any]:
 
 
 def changed_notes(records: list[ItemRecord]) -> list[str]:
-    """How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU), and
-    the baselines it recorded: said once per script."""
+    """How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU), what
+    it put back in the user's tree, and the baselines it recorded: said once per script."""
     return ordered(note for record in records for note in record.notes
-                    if note.startswith(("precision:", "not exercised:", "baseline:")))
+                    if note.startswith(("precision:", "not exercised:", "put back:", "baseline:")))
 
 
 def ordered(values: Iterable[str]) -> list[str]:

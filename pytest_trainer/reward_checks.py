@@ -19,6 +19,8 @@ from pytest_trainer.sampling import NOT_DATA, SECONDS_FIGURE, Sampled
 
 #: Rewards closer than this are the same reward (as TRL tells a group with no spread).
 SAME = 1e-6
+#: A policy whose next-token entropy is this share of a uniform choice's or more samples as an untrained model does.
+UNTRAINED_ENTROPY = 0.9
 #: Arguments of a reward function that are the completion, not data of the row.
 COMPLETION_ARGUMENTS = ("prompts", "completions", "completion_ids")
 
@@ -48,13 +50,7 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
                  f"(mean length {figures['mean_completion_length']:.1f} tokens)")
     findings = []  # both are reported: neither hides the other
     if count and not ended:
-        findings.append(diagnosis.Finding(
-            f"none of the {count} sampled completions ends within max_completion_length="
-            f"{sampled.max_completion_length}: every one is cut before an end-of-sequence token, so the reward "
-            "functions never see a finished answer",
-            f"raise max_completion_length (now {sampled.max_completion_length}), and check that the model's "
-            "generation_config.eos_token_id is the token the tokenizer ends its answers with",
-        ))
+        _unended(sampled, count, findings, notes)
     if any(spread > SAME for spread in spreads):
         _note_deaf(sampled, notes)
     else:
@@ -63,6 +59,33 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
             findings.append(deaf)
     if findings:
         raise diagnosis.together(findings)
+
+
+def _unended(sampled: Sampled, count: int, findings: list[diagnosis.Finding], notes: list[str]) -> None:
+    """No completion ends within max_completion_length: a failure where it costs the run its signal (the cut ones are
+    masked out of the loss) or where the policy has learned to end answers; a note for a policy at a random start,
+    which almost never samples its end token at any length."""
+    cut = (f"none of the {count} sampled completions ends within max_completion_length="
+           f"{sampled.max_completion_length}")
+    share = sampled.entropy_share
+    if sampled.masks_truncated:
+        findings.append(diagnosis.Finding(
+            f"{cut}, and mask_truncated_completions=True drops every cut completion from the loss: no completion "
+            "carries a gradient, so the steps train nothing",
+            f"raise max_completion_length (now {sampled.max_completion_length}) so that answers end within it, or "
+            "turn mask_truncated_completions off while the policy still learns to end its answers",
+        ))
+    elif share is not None and share >= UNTRAINED_ENTROPY:
+        notes.append(f"{cut}: the policy samples as a model at its random start does (next-token entropy "
+                     f"{share:.0%} of a uniform choice), which almost never draws its end token; with a pretrained "
+                     "policy this is checked")
+    else:
+        findings.append(diagnosis.Finding(
+            f"{cut}: every one is cut before an end-of-sequence token, so the reward functions never see a finished "
+            "answer",
+            f"raise max_completion_length (now {sampled.max_completion_length}), and check that the model's "
+            "generation_config.eos_token_id is the token the tokenizer ends its answers with",
+        ))
 
 
 def picture(sampled: Sampled) -> dict[str, Any]:

@@ -64,6 +64,11 @@ class Sampled:
     calls: dict[str, list[Call]] = field(default_factory=dict)
     #: Wall seconds the sampling took: the trainer's generation and its reward functions, every batch drawn.
     seconds: float = 0.0
+    #: Whether the trainer drops the completions cut at max_completion_length from the loss.
+    masks_truncated: bool = False
+    #: The policy's mean next-token entropy over the chosen batch's completions, as a share of the uniform
+    #: distribution's (ln of the vocabulary): near 1 for a policy at a random start (None where it was not measured).
+    entropy_share: float | None = None
 
     @property
     def conversational(self) -> bool:
@@ -97,6 +102,7 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
         functions={},
         group=int(getattr(trainer, "num_generations", 1) or 1),
         max_completion_length=getattr(trainer.args, "max_completion_length", None),
+        masks_truncated=bool(getattr(trainer.args, "mask_truncated_completions", False)),
     )
     model = trainer.model
     was_training = model.training
@@ -123,12 +129,34 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
                 scored = _scored(trainer, prompts)
                 if not has_advantage(chosen) and has_advantage(scored):
                     chosen = scored
+            if sampled.ended and not any(sampled.ended):
+                sampled.entropy_share = entropy_share(model, chosen)
         finally:
             model.train(was_training)
             if where is not None and where != home:
                 model.to(where)
     sampled.seconds = time.perf_counter() - started
     return dict(chosen), sampled
+
+
+def entropy_share(model: Any, batch: Any) -> float | None:
+    """The policy's mean next-token entropy over the completions of a scored batch, as a share of ln(vocabulary size);
+    None where the batch or the model's outputs are not of the usual shape (a vision-language batch, say)."""
+    import math
+
+    import torch
+
+    try:
+        prompt, completion = batch["prompt_ids"], batch["completion_ids"]
+        ids = torch.cat([prompt, completion], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, prompt.size(1) - 1:-1].float()
+        entropy = -(logits.log_softmax(-1) * logits.softmax(-1)).sum(-1)
+        kept = batch["completion_mask"].bool()
+        return float(entropy[kept].mean()) / math.log(logits.size(-1)) if kept.any() else None
+    except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
+        return None
 
 
 def has_advantage(batch: Any) -> bool:

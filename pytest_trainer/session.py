@@ -83,6 +83,7 @@ class TrainerSession:
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
         pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)
+        pipeline.notes.extend(f"put back: {line}" for line in loaded.put_back)
         pipeline.asked_precision = loaded.asked_precision
         pipeline.script, pipeline.factory, pipeline.asked_fsdp = script, factory, loaded.fsdp
         return pipeline

@@ -23,4 +23,13 @@ def model(vocab_size=len(tiny.VOCAB)):
                          pad_token_id=tiny.VOCAB["[PAD]"], bos_token_id=tiny.VOCAB["[CLS]"],
                          eos_token_id=tiny.VOCAB["[SEP]"])
     return LlamaForCausalLM(config)
+
+
+def peaked():
+    """A policy whose next-token choice is sharp, as a pretrained model's is: its output weights drawn large."""
+    import torch
+
+    built = model()
+    torch.nn.init.normal_(built.lm_head.weight, std=5.0)
+    return built
 '''

@@ -89,6 +89,8 @@ def test_every_task_example_passes_its_suite(pytester: pytest.Pytester) -> None:
             assert skipped in ({"targets[cpu]": "SKIPPED", **idle},
                                {"targets[cpu]": "SKIPPED", "labels[cpu]": "SKIPPED", **idle}), (task, statuses)
         assert len(statuses) == len(ITEMS) + 1  # and load
+    warned = result.stdout.str().partition("warnings summary")[2].partition("-- Docs")[0]
+    assert "pytest_trainer" not in warned and "return_outputs=True" not in warned, warned  # none the plugin causes
 
 
 #: The examples of other kinds of pipeline, and the items their task skips: neither is a causal LM (`targets`);
@@ -107,6 +109,8 @@ def test_seq2seq_and_vision_examples_pass_their_suites(pytester: pytest.Pytester
         assert {item for item, status in statuses.items() if status != "PASSED"} == skips | NO_BUDGET, (name, statuses)
         assert {statuses[item] for item in skips | NO_BUDGET} == {"SKIPPED"}
         assert len(statuses) == len(ITEMS) + 1  # and load
+    warned = result.stdout.str().partition("warnings summary")[2].partition("-- Docs")[0]
+    assert "pytest_trainer" not in warned and "return_outputs=True" not in warned, warned  # none the plugin causes
     assert sorted(path.name for path in pytester.path.iterdir() if not path.name.startswith(".")) == sorted(
         OTHER_KINDS)  # the scripts' output_dir went to the plugin's temporary folder
 

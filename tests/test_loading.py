@@ -338,3 +338,83 @@ def test_arguments_the_script_rejects_are_named(project: pytest.Pytester) -> Non
     result = run_script(project, "--trainer-args=--bogus 1", "--trainer-stages=dataset")
     result.stdout.fnmatch_lines(["*error: unrecognized arguments: --bogus 1*",
                                  "*fix: the script's argument parser rejected *'--bogus', '1'*"])
+
+
+def test_a_framework_reading_the_trainer_signature_sees_the_original(project: pytest.Pytester) -> None:
+    """Frameworks choose processing_class= or tokenizer= from the signature of Trainer.__init__ (ms-swift does)."""
+    write(project, "train.py", """
+        import inspect
+        import tiny
+        from transformers import Trainer, TrainingArguments
+
+        parameters = inspect.signature(Trainer.__init__).parameters
+        assert "args" in inspect.signature(Trainer.train).parameters or \\
+            "resume_from_checkpoint" in inspect.signature(Trainer.train).parameters
+        assert Trainer.__init__.__name__ == "__init__" and Trainer.train.__name__ == "train"
+        tok = tiny.tokenizer()
+        given = {"processing_class": tok} if "processing_class" in parameters else {"tokenizer": tok}
+        data = tiny.tokenized(tiny.text_dataset(), tok)
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+        trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, **given)
+        assert "resume_from_checkpoint" in inspect.signature(trainer.train).parameters
+        trainer.train()
+    """)
+    result = run_script(project, "--trainer-stages=load,forward")
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    assert outcomes(result)["forward[cpu]"] == "PASSED"
+
+
+def test_worker_settings_stay_consistent_without_workers(project: pytest.Pytester) -> None:
+    """The plugin loads data in the main process: a prefetch factor, which only workers take, goes with them."""
+    write(project, "train.py", GOOD_SCRIPT.replace(
+        "per_device_train_batch_size=8,",
+        "per_device_train_batch_size=8, dataloader_num_workers=2, dataloader_prefetch_factor=2, "
+        "dataloader_persistent_workers=True,"))
+    result = run_script(project, "--trainer-stages=load,collate,eval")
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    assert outcomes(result) == {"collate[cpu]": "PASSED", "eval[cpu]": "PASSED"}
+
+
+#: A script that writes into the folder its own settings name after building the Trainer, as axolotl does with its
+#: config, tokenizer and log.
+WRITES_BEFORE_TRAIN = """
+    import os
+    import tiny
+    from transformers import Trainer, TrainingArguments
+
+    OUT = "outputs/run"
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(), tok)
+    args = TrainingArguments(output_dir=OUT, per_device_train_batch_size=8, report_to="none")
+    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, "config.yaml"), "w") as file:
+        file.write("written by the run")
+    tok.save_pretrained(OUT)
+    trainer.train()
+"""
+
+
+def test_files_written_into_a_new_output_folder_before_train_are_removed(project: pytest.Pytester) -> None:
+    write(project, "train.py", WRITES_BEFORE_TRAIN)
+    before = sorted(path.name for path in project.path.iterdir())
+    result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before
+    result.stdout.fnmatch_lines(["put back: *outputs: created by the script before train(), with * files; removed"])
+
+
+def test_an_existing_output_folder_is_put_back_as_it_was(project: pytest.Pytester) -> None:
+    write(project, "train.py", WRITES_BEFORE_TRAIN)
+    run = project.path / "outputs" / "run"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("the user's own")
+    (run / "checkpoint-500").mkdir()
+    (run / "checkpoint-500" / "trainer_state.json").write_text("{}")
+    result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    assert sorted(path.relative_to(run).as_posix() for path in run.rglob("*")) == \
+        ["checkpoint-500", "checkpoint-500/trainer_state.json", "config.yaml"]
+    assert (run / "config.yaml").read_text() == "the user's own"
+    result.stdout.fnmatch_lines(["put back: *outputs/run: written by the script before train(); * new files removed; "
+                                 "1 changed files put back"])

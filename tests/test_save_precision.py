@@ -205,6 +205,22 @@ def test_lora_adapter_saves_and_reloads_with_load_adapter(project: pytest.Pytest
     assert note.endswith("the adapter reloads (PeftModel.load_adapter) to the same outputs"), note
 
 
+def test_a_lora_checkpoint_the_trainer_saves_without_its_tokenizer_passes_save(project: pytest.Pytester) -> None:
+    """A trainer that writes the adapter alone (as ms-swift's does): its tokenizer is the base model's."""
+    project.makepyfile(lm=LM)
+    adapter_only = LORA_LM.replace("trainer = Trainer(", "trainer = AdapterOnly(").replace(
+        "tok = lm.tokenizer()",
+        "class AdapterOnly(Trainer):\n        def _save(self, output_dir=None, state_dict=None):\n"
+        "            self.model.save_pretrained(output_dir)\n\n\n    tok = lm.tokenizer()")
+    assert adapter_only.count("AdapterOnly") == 2
+    result, items = run_stages(project, adapter_only, SAVE_STAGES)
+    save = check_passes(result, items, SAVE_STAGES)
+    (note,) = save["notes"]
+    assert not saved_files(note) & {"tokenizer.json", "tokenizer_config.json"}, note
+    assert "the adapter reloads (PeftModel.load_adapter) to the same outputs; the trainer saves no " in note, note
+    assert note.endswith("with it (reload that from where the script loads it)"), note
+
+
 def test_config_value_json_cannot_store_fails_save(project: pytest.Pytester) -> None:
     script = classifier_script('model.config.class_names = {"neg", "neutral", "pos"}')
     result, items = run_stages(project, script, SAVE_STAGES)

@@ -90,6 +90,31 @@ def test_trl_online_rl_script_with_a_reward_of_your_own_and_think_format_reward_
     assert "`think_format_reward` gave every completion and every probe the same reward (0)" in notes
 
 
+#: Generation that never samples the end token ([SEP], id 3) within 16 tokens, as a random policy over a real
+#: vocabulary almost never does.
+UNENDING = ("--per_device_train_batch_size 4 --num_generations 4 --max_completion_length 16 "
+            "--generation_kwargs '{\"suppress_tokens\":[3]}'")
+
+
+@pytest.mark.parametrize("script", ["grpo.py", "rloo.py"])
+def test_trl_online_rl_script_on_a_random_policy_that_never_ends_passes_with_a_note(
+        saved: pytest.Pytester, script: str) -> None:
+    result, report = run_trl(saved, script, f"--model_name_or_path model --dataset_name chat {UNENDING} "
+                                            "--reward_funcs my_rewards.brevity")
+    assert failures(result, script) == [], result.stdout.str()[-4000:]
+    notes = " ".join(report["targets"]["notes"])
+    assert "ends within max_completion_length=16: the policy samples as a model at its random start does" in notes
+
+
+@pytest.mark.parametrize("script", ["grpo.py", "rloo.py"])
+def test_trl_online_rl_script_masking_every_cut_completion_fails_targets(saved: pytest.Pytester, script: str) -> None:
+    result, _ = run_trl(saved, script, f"--model_name_or_path model --dataset_name chat {UNENDING} "
+                                       "--reward_funcs my_rewards.brevity --mask_truncated_completions true")
+    assert failures(result, script) == ["targets[cpu]"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*targets[[]cpu[]] failed: none of the 16 sampled completions ends within "
+                                 "max_completion_length=16, and mask_truncated_completions=True drops every cut*"])
+
+
 def test_think_format_reward_on_plain_text_prompts_fails_collate_with_the_format(saved: pytest.Pytester) -> None:
     """TRL's think_format_reward reads chat completions: given plain-text prompts it raises inside training."""
     result, _ = run_trl(saved, "grpo.py", f"--model_name_or_path model --dataset_name plain {GENERATION} "

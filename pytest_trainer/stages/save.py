@@ -65,9 +65,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         with torch.no_grad():
             how = _compare_reloaded(pipeline, model, first_rows(batch, pipeline.task.sequence, COMPARED_ROWS),
                                     folder, device)
-        _check_processor(pipeline, folder)
+        held = _check_processor(pipeline, folder)
     result.figures.update({"checkpoint_mib": size / 2**20, "checkpoint_files": float(len(files))})
-    result.notes.append(f"checkpoint of {size / 2**20:.1f} MiB ({', '.join(files)}); {how}")
+    result.notes.append(f"checkpoint of {size / 2**20:.1f} MiB ({', '.join(files)}); {how}{held}")
     return result
 
 
@@ -257,16 +257,25 @@ def _compare_state_dict(model: Any, folder: str) -> str:
             "(reload it with load_state_dict(safetensors.torch.load_file(...)))")
 
 
-def _check_processor(pipeline: Pipeline, folder: str) -> None:
+#: Files a saved tokenizer or processor writes, one at least.
+PROCESSOR_FILES = ("tokenizer_config.json", "tokenizer.json", "preprocessor_config.json", "processor_config.json")
+
+
+def _check_processor(pipeline: Pipeline, folder: str) -> str:
     """The tokenizer or processor saved beside the model loads back as the same one: its vocabulary, its chat
-    template, and for a vision-language model the settings that prepare its images."""
+    template, and for a vision-language model the settings that prepare its images. A trainer that saves none (an
+    adapter checkpoint, whose tokenizer is the base model's) is said so: the part of the note that says it, if any."""
     from pytest_trainer import vision_text
 
-    vision_text.check_processor_saved(pipeline)
     processor = getattr(pipeline.trainer, "processing_class", None)
     from_pretrained = getattr(type(processor), "from_pretrained", None)
     if processor is None or not callable(from_pretrained) or not hasattr(processor, "save_pretrained"):
-        return
+        vision_text.check_processor_saved(pipeline)
+        return ""
+    if not any((Path(folder) / name).is_file() for name in PROCESSOR_FILES):
+        return (f"; the trainer saves no {type(processor).__name__} with it (reload that from where the script "
+                "loads it)")
+    vision_text.check_processor_saved(pipeline)
     with diagnosis.pipeline_part(f"reloading the saved {type(processor).__name__}"):
         reloaded = from_pretrained(folder)
     compared = [("vocabulary size", _vocabulary(processor), _vocabulary(reloaded)),
@@ -282,6 +291,7 @@ def _check_processor(pipeline: Pipeline, folder: str) -> None:
                 "settings in what save_pretrained writes (its constructor or saved attributes), not in code a reload "
                 "does not run",
             )
+    return ""
 
 
 def _vocabulary(processor: Any) -> int | None:

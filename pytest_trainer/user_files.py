@@ -1,0 +1,130 @@
+"""The user's output folders, put back as they were after the script ran.
+
+The plugin points every `TrainingArguments.output_dir` at a temporary folder, so the Trainer writes nothing where the
+user would see it. A framework that builds the Trainer for its user (axolotl, say) may still write into the folder its
+own config names (the config, the tokenizer, a log) after building the Trainer and before `train()`: that folder is
+watched from the moment the script names it and put back afterwards. A file the run created is removed, a small file
+it changed gets its old content back, and what cannot be put back (a large file rewritten) is named for the report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Files up to this size are kept in memory when a folder starts being watched, so that a change can be undone.
+KEPT_FILE_BYTES = 1 << 20
+#: At most this much is kept in memory for one folder.
+KEPT_BYTES = 32 << 20
+
+
+@dataclass
+class _Watched:
+    folder: Path
+    #: The outermost folder that did not exist when the watch began (the whole of it is the run's), or None.
+    created: Path | None
+    #: (size, mtime_ns) of each file under the folder when the watch began.
+    files: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    folders: set[Path] = field(default_factory=set)
+    #: The content of the small files, to put back.
+    content: dict[Path, bytes] = field(default_factory=dict)
+
+
+class UserFolders:
+    """The output folders a script named, each watched from then on, and put back by `restore`.
+
+    A folder that holds the script itself or the sandbox is not watched: it is the project, not an output folder,
+    and other processes may be writing there too.
+    """
+
+    def __init__(self, script: Path, sandbox: Path) -> None:
+        self._project = Path(os.path.abspath(script)).parent
+        self._sandbox = Path(os.path.abspath(sandbox))
+        self._watched: dict[Path, _Watched] = {}
+
+    def watch(self, folder: str | os.PathLike[str]) -> None:
+        """Start watching `folder` (relative to the working directory now) unless one watched holds it already."""
+        path = Path(os.path.abspath(folder))
+        if any(path.is_relative_to(known) for known in self._watched) or self._project.is_relative_to(path) or \
+                self._sandbox.is_relative_to(path) or path.is_relative_to(self._sandbox):
+            return
+        created = None
+        missing = path
+        while not missing.parent.exists() and missing.parent != missing:
+            missing = missing.parent
+        if not missing.exists():
+            created = missing
+        watched = _Watched(path, created)
+        if created is None:
+            _snapshot(watched)
+        self._watched = {known: value for known, value in self._watched.items() if not known.is_relative_to(path)}
+        self._watched[path] = watched
+
+    def restore(self) -> list[str]:
+        """Put every watched folder back; one line for each that the run had written to."""
+        lines = [line for watched in self._watched.values() if (line := _restore(watched))]
+        self._watched.clear()
+        return lines
+
+
+def _snapshot(watched: _Watched) -> None:
+    if not watched.folder.is_dir():
+        return
+    kept = 0
+    for root, folders, files in os.walk(watched.folder):
+        watched.folders.update(Path(root, name) for name in folders)
+        for name in files:
+            path = Path(root, name)
+            try:
+                status = path.stat()
+            except OSError:
+                continue
+            watched.files[path] = (status.st_size, status.st_mtime_ns)
+            if status.st_size <= KEPT_FILE_BYTES and kept + status.st_size <= KEPT_BYTES:
+                try:
+                    watched.content[path] = path.read_bytes()
+                except OSError:
+                    continue
+                kept += status.st_size
+
+
+def _restore(watched: _Watched) -> str | None:
+    if watched.created is not None:
+        if not watched.created.exists():
+            return None
+        written = sum(len(files) for _, _, files in os.walk(watched.created))
+        shutil.rmtree(watched.created, ignore_errors=True)
+        return f"{watched.created}: created by the script before train(), with {written} files; removed"
+    if not watched.folder.is_dir():
+        return None
+    removed, put_back, lost = [], [], []
+    for root, folders, files in os.walk(watched.folder):
+        for name in files:
+            path = Path(root, name)
+            before = watched.files.get(path)
+            if before is None:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+                continue
+            status = path.stat()
+            if (status.st_size, status.st_mtime_ns) == before:
+                continue
+            if path in watched.content:
+                path.write_bytes(watched.content[path])
+                os.utime(path, ns=(status.st_atime_ns, before[1]))
+                put_back.append(path)
+            else:
+                lost.append(path)
+    for root, folders, _ in sorted(os.walk(watched.folder), key=lambda entry: -len(Path(entry[0]).parts)):
+        for name in folders:
+            path = Path(root, name)
+            if path not in watched.folders:
+                shutil.rmtree(path, ignore_errors=True)
+    if not (removed or put_back or lost):
+        return None
+    said = [f"{len(removed)} new files removed"] if removed else []
+    said += [f"{len(put_back)} changed files put back"] if put_back else []
+    said += [f"rewritten and too large to put back: {', '.join(path.name for path in lost)}"] if lost else []
+    return f"{watched.folder}: written by the script before train(); {'; '.join(said)}"
