@@ -36,6 +36,8 @@ class Family:
     sampled: sampling.Sampled | None = None
     #: What the overfit stage judges the fixed batch by: the loss, unless a family's loss cannot show learning.
     judged_as = "loss"
+    #: Whether the trainer feeds every column of a split (it builds its own dataloaders and removes none).
+    keeps_columns = False
 
     def task(self, model: Any) -> tasks.Task:
         """What the model is trained to do with the labels this family feeds it."""
@@ -70,6 +72,16 @@ class Family:
         """Figures and notes of what the trainer logged while it took the loss of a batch (nothing for the plain
         Trainer); raises a failure where they show the batch is broken."""
         return {}, []
+
+    def check_training(self, pipeline: Any, split: Any) -> list[str]:
+        """Notes of the family's own checks of the training split as fed (none for the plain Trainer); raises a
+        finding where the split cannot train as the family feeds it."""
+        return []
+
+    def reload(self, model: Any, folder: str, device: str) -> tuple[Any, str] | None:
+        """The model saved in `folder` reloaded as the family's library reloads it, and how; None where the model's
+        own class (from_pretrained, a PEFT adapter) says how."""
+        return None
 
     def prediction_settings(self, trainer: Trainer) -> dict[str, Any]:
         """Keyword arguments the trainer's evaluation passes to its prediction step."""
@@ -232,8 +244,50 @@ class Online(Family):
         return f"online RL (GRPO, RLOO): pytest-trainer does not check {stage} of these trainers yet"
 
 
+class SentenceTransformers(Family):
+    """sentence-transformers' trainers: every column is fed, the collator (or the loss, for a cross-encoder) tokenizes
+    each text column, and the loss module (which holds the model) takes the embeddings or scores and the label."""
+
+    trainers = ("SentenceTransformerTrainer", "CrossEncoderTrainer", "SparseEncoderTrainer")
+    name = "sentence-transformers trainer"
+    builds_own_batches = "sentence-transformers tokenizes each text column itself, in its collator or its loss"
+    keeps_columns = True
+
+    def task(self, model: Any) -> tasks.Task:
+        return tasks.Task(f"sentence-transformers ({type(model).__name__})", tasks.EMBEDDING, None, conventional=False)
+
+    def loss(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The trainer's loss, scored with `model`: the library's losses hold the model they score with, so another
+        copy of it (a reloaded one, say) is put in the loss for the call."""
+        losses = list(trainer.loss.values()) if isinstance(trainer.loss, dict) else [trainer.loss]  # type: ignore[attr-defined]
+        held = getattr(losses[0], "model", None)
+        if held is None or held is model:
+            return super().loss(trainer, model, batch)
+        owner: Any = trainer
+        for loss in losses:
+            owner.override_model_in_loss(loss, model)
+        try:
+            return super().loss(trainer, model, batch)
+        finally:
+            for loss in losses:
+                owner.override_model_in_loss(loss, held)
+
+    def check_training(self, pipeline: Any, split: Any) -> list[str]:
+        from pytest_trainer import embeddings
+
+        notes = [note for note in (embeddings.truncated(pipeline.trainer, split),) if note]
+        note, finding = embeddings.check_duplicates(pipeline.trainer, split)
+        if finding is not None:
+            raise finding
+        return notes + ([note] if note else [])
+
+    def reload(self, model: Any, folder: str, device: str) -> tuple[Any, str] | None:
+        with diagnosis.pipeline_part(f"reloading the saved {type(model).__name__}"):
+            return type(model)(folder, device=device), f"{type(model).__name__}(folder)"
+
+
 #: The families, most specific first; a trainer none of them names is a plain Trainer.
-FAMILIES: tuple[type[Family], ...] = (Online, Preference, SFT, Seq2Seq)
+FAMILIES: tuple[type[Family], ...] = (Online, Preference, SFT, Seq2Seq, SentenceTransformers)
 
 
 def of(trainer: Any) -> Family:

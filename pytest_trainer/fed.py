@@ -46,8 +46,11 @@ TRANSFORM_BATCH = 64
 class FedSplit:
     """One split (training, or an evaluation split) as the Trainer's dataloader feeds it."""
 
-    def __init__(self, trainer: Trainer, description: str, key: str | None, dataset: Any, rows: int) -> None:
+    def __init__(self, trainer: Trainer, description: str, key: str | None, dataset: Any, rows: int,
+                 keeps_columns: bool = False) -> None:
         self.trainer = trainer
+        #: Whether the trainer feeds every column (it removes none, whatever remove_unused_columns says).
+        self.keeps_columns = keeps_columns
         self.description = description
         #: The name of an evaluation split given as a dict, else None.
         self.key = key
@@ -67,7 +70,7 @@ class FedSplit:
         """The split with the columns the Trainer drops already dropped, as its dataloader sees it."""
         import datasets
 
-        if isinstance(self.given, datasets.Dataset):
+        if isinstance(self.given, datasets.Dataset) and not self.keeps_columns:
             with diagnosis.pipeline_part("the Trainer's removal of unused columns"):
                 return self.trainer._remove_unused_columns(self.given, description=self.description)
         return self.given
@@ -233,7 +236,7 @@ class FedSplit:
     def _kept_keys(self, samples: list[Mapping[str, Any]]) -> list[str]:
         """Keys of the samples that the Trainer's column-removing collator keeps."""
         keys = list(dict.fromkeys(key for sample in samples for key in sample))
-        if not self.trainer.args.remove_unused_columns:
+        if not self.trainer.args.remove_unused_columns or self.keeps_columns:
             return keys
         self.trainer._set_signature_columns_if_needed()
         signature: set[str] = set(self.trainer._signature_columns or [])
@@ -241,15 +244,16 @@ class FedSplit:
         return kept or keys
 
 
-def splits(trainer: Trainer, rows: int) -> list[FedSplit]:
-    """The training split and every evaluation split, as fed."""
-    found = [FedSplit(trainer, "training", None, trainer.train_dataset, rows)] if trainer.train_dataset is not None \
-        else []
+def splits(trainer: Trainer, rows: int, keeps_columns: bool = False) -> list[FedSplit]:
+    """The training split and every evaluation split, as fed (`keeps_columns`: by a trainer that removes none)."""
+    found = [FedSplit(trainer, "training", None, trainer.train_dataset, rows, keeps_columns)] \
+        if trainer.train_dataset is not None else []
     evaluation = trainer.eval_dataset
     if isinstance(evaluation, dict):
-        found += [FedSplit(trainer, f"evaluation {name!r}", name, split, rows) for name, split in evaluation.items()]
+        found += [FedSplit(trainer, f"evaluation {name!r}", name, split, rows, keeps_columns)
+                  for name, split in evaluation.items()]
     elif evaluation is not None:
-        found.append(FedSplit(trainer, "evaluation", None, evaluation, rows))
+        found.append(FedSplit(trainer, "evaluation", None, evaluation, rows, keeps_columns))
     return found
 
 
@@ -312,7 +316,7 @@ class Batches:
         import datasets
 
         collator = self.trainer.data_collator
-        if not isinstance(self.trainer.train_dataset, datasets.Dataset):
+        if not isinstance(self.trainer.train_dataset, datasets.Dataset) and not self.family.keeps_columns:
             collator = self.trainer._get_collator_with_removed_columns(collator, description="training")
         with diagnosis.pipeline_part("the data collator"):
             batch = collator(features)

@@ -66,7 +66,7 @@ class Pipeline:
     @functools.cached_property
     def splits(self) -> list[fed.FedSplit]:
         """The training split and every evaluation split, as the Trainer feeds them."""
-        return fed.splits(self.trainer, self.settings.sample)
+        return fed.splits(self.trainer, self.settings.sample, self.family.keeps_columns)
 
     @property
     def training(self) -> fed.FedSplit:

@@ -48,7 +48,7 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
     )
     notes.append(f"{ended} of {count} completions end within max_completion_length={sampled.max_completion_length} "
                  f"(mean length {figures['mean_completion_length']:.1f} tokens)")
-    findings = []  # both are reported: neither hides the other
+    findings: list[diagnosis.Finding] = []  # both are reported: neither hides the other
     if count and not ended:
         _unended(sampled, count, findings, notes)
     if any(spread > SAME for spread in spreads):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pytest_trainer import diagnosis, tables, tasks
+from pytest_trainer import diagnosis, embeddings, tables, tasks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -157,8 +157,14 @@ def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
         )
 
 
+def check_embedding_columns(pipeline: Pipeline, split: FedSplit) -> None:
+    """A sentence-transformers split feeds the text columns and the labels its loss takes."""
+    embeddings.check_split(pipeline.trainer, split)
+
+
 FOR_TASK: dict[str, tuple[Callable[[Pipeline, FedSplit], None], ...]] = {
     tasks.TOKEN_CLASS: (check_token_labels,),
     tasks.DECODER_TARGETS: (check_target_padding,),
     tasks.POSITIONS: (check_answer_positions,),
+    tasks.EMBEDDING: (check_embedding_columns,),
 }

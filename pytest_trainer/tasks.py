@@ -27,6 +27,7 @@ POSITIONS = "positions"  # start and end positions in the sequence (extractive Q
 TRANSCRIPT = "transcript"  # CTC targets
 PREFERENCE = "preference"  # chosen against rejected; no label column
 REWARD = "reward"  # sampled completions scored by reward functions (online RL); no label column
+EMBEDDING = "embedding"  # texts encoded by sentence-transformers, with a label whose meaning its loss decides
 UNKNOWN = "unknown"
 
 #: Labels that are class ids checked against a width.
@@ -47,6 +48,8 @@ NOT_CLASSES = {
     TRANSCRIPT: "CTC labels are transcripts of token ids, not classes",
     PREFERENCE: "preference pairs have no label column: the trainer scores chosen against rejected",
     REWARD: "online RL has no label column: reward functions score the completions the model samples",
+    EMBEDDING: "a sentence-transformers loss decides what its label is (a score, a class, none): the dataset check "
+               "holds the labels to the loss",
     UNKNOWN: "what this model takes as labels is unknown to pytest-trainer",
 }
 

@@ -100,7 +100,7 @@ def _restore(watched: _Watched) -> str | None:
     if not watched.folder.is_dir():
         return None
     removed, put_back, lost = [], [], []
-    for root, folders, files in os.walk(watched.folder):
+    for root, _, files in os.walk(watched.folder):
         for name in files:
             path = Path(root, name)
             before = watched.files.get(path)

@@ -30,10 +30,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
     ("pytest_trainer.families", "pytest_trainer.fed", "pytest_trainer.training", "pytest_trainer.losses",
      "pytest_trainer.adapters", "pytest_trainer.sampling", "pytest_trainer.processes",
-     "pytest_trainer.sharding"),  # trainer families, fed data, training runs, losses
+     "pytest_trainer.sharding", "pytest_trainer.embeddings"),  # trainer families, fed data, training runs, losses
     ("pytest_trainer.tasks",),  # what a task's labels and inputs are
     ("pytest_trainer.model_facts", "pytest_trainer.tables", "pytest_trainer.devices", "pytest_trainer.settings",
-     "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack"),  # facts
+     "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack",
+     "pytest_trainer.user_files"),  # facts
 )
 
 

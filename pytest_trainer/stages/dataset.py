@@ -18,10 +18,13 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     from pytest_trainer import data_checks
 
     split = pipeline.training
+    notes: list[str] = []
     table = data_checks.check_split(pipeline, split, lambda: data_checks.check_labels_present(pipeline, split.table),
-                                    lambda: data_checks.check_labels_vary(pipeline, split))
+                                    lambda: data_checks.check_labels_vary(pipeline, split),
+                                    lambda: notes.extend(pipeline.family.check_training(pipeline, split)))
     result = StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
     result.notes.append(f"task: {pipeline.task.name}")
+    result.notes.extend(notes)
     if split.transformed:
         total = f" spread over its {len(split.dataset)} rows" if hasattr(split.dataset, "__len__") else ""
         result.notes.append(f"{table.num_rows} training samples read through the dataset's transform{total}")

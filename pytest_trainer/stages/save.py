@@ -72,7 +72,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 
 def first_rows(batch: dict[str, Any], sequence: str | None, rows: int) -> dict[str, Any]:
-    """The batch cut to its first `rows` rows: every tensor whose first dimension is the batch's rows is cut."""
+    """The batch cut to its first `rows` rows: every tensor whose first dimension is the batch's rows is cut, and every
+    list of one value per row (the texts a cross-encoder's loss tokenizes)."""
     import torch
 
     anchor = batch.get(sequence or "")
@@ -81,8 +82,8 @@ def first_rows(batch: dict[str, Any], sequence: str | None, rows: int) -> dict[s
     if anchor is None or anchor.dim() == 0 or anchor.shape[0] <= rows:
         return batch
     count = anchor.shape[0]
-    return {key: value[:rows] if torch.is_tensor(value) and value.dim() and value.shape[0] == count else value
-            for key, value in batch.items()}
+    return {key: value[:rows] if (torch.is_tensor(value) and value.dim() and value.shape[0] == count) or
+            (isinstance(value, list) and len(value) == count) else value for key, value in batch.items()}
 
 
 def _parent(trainer: Any) -> str | None:
@@ -133,6 +134,13 @@ def _floats(values: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def _compare_reloaded(pipeline: Pipeline, model: Any, batch: dict[str, Any], folder: str, device: str) -> str:
     """Reload the checkpoint as a user would and fail when it gives other outputs; say how it was reloaded."""
+    library = pipeline.family.reload(model, folder, device)
+    if library is not None:
+        reloaded, how = library
+        reloaded.eval()
+        _same_outputs(_outputs(pipeline, model, batch), _outputs(pipeline, reloaded, batch), how, [])
+        _same_outputs(_floats(model.state_dict()), _floats(reloaded.state_dict()), how, [])
+        return f"{how} reloads it to the same loss and weights"
     if hasattr(model, "peft_config") and callable(getattr(model, "load_adapter", None)):
         expected = _outputs(pipeline, model, batch)
         with diagnosis.pipeline_part(RELOADING):
