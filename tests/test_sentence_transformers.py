@@ -14,9 +14,10 @@ import json
 import pytest
 from conftest import failures, outcomes, run_script, write
 
-sentence_transformers = pytest.importorskip("sentence_transformers")
-from sentence_transformers.cross_encoder import CrossEncoderTrainer  # noqa: E402,F401
-from sentence_transformers.sentence_transformer import SentenceTransformerTrainer  # noqa: E402,F401
+# sentence-transformers 6 (on transformers 5) arranges its modules by model kind; on transformers 4.57 pip installs 5.x.
+pytest.importorskip("sentence_transformers.sentence_transformer", reason="these scripts use sentence-transformers 6")
+from sentence_transformers.cross_encoder import CrossEncoderTrainer  # noqa: F401
+from sentence_transformers.sentence_transformer import SentenceTransformerTrainer  # noqa: F401
 
 # The trainers are imported here, before pytester's in-process runs, for the reason conftest gives.
 
