@@ -362,6 +362,28 @@ class Batches:
         return None
 
 
+#: Batch keys of the sequence boundaries a packing (padding-free) collator passes to flash attention.
+BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "cu_seqlens", "seq_lengths")
+
+
+def packed(batch: Mapping[str, Any], rows: int) -> str | None:
+    """How a batch collated from `rows` samples shows that its collator packs them into one sequence (a packing or
+    padding-free collator: transformers' DataCollatorWithFlattening, TRL's padding_free, axolotl's multipack), or
+    None for a batch of one row per sample."""
+    import torch
+
+    boundaries = next((key for key in BOUNDARY_KEYS if key in batch), None)
+    if boundaries is not None:
+        return f"its batch holds the rows' boundaries ({boundaries})"
+    ids, positions = batch.get("input_ids"), batch.get("position_ids")
+    if torch.is_tensor(ids) and ids.dim() >= 2 and ids.shape[0] < rows:
+        return f"it makes {ids.shape[0]} sequence of the {rows} rows it is given"
+    if torch.is_tensor(positions) and positions.dim() == 2 and positions.shape[1] > 1 and \
+            bool(((positions[:, 1:] == 0) & (positions[:, :-1] > 0)).any()):
+        return "its position_ids restart inside a sequence"
+    return None
+
+
 def _moved(batch: Mapping[str, Any], device: str) -> dict[str, Any]:
     import torch
 

@@ -163,3 +163,34 @@ def test_rows_padded_when_tokenized_pass_lengths_and_padding(project: pytest.Pyt
     write(project, "train.py", script)
     result = run_script(project, "--trainer-stages=lengths,padding")
     assert outcomes(result) == {"lengths[cpu]": "PASSED", "padding[cpu]": "PASSED"}, result.stdout.str()[-3000:]
+
+
+#: A collator that packs the rows of a batch into one sequence, restarting position_ids at each row (padding-free).
+FLATTENED = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    tok = lm.tokenizer()
+    data = Dataset.from_dict({"text": tiny.sentences(48, seed=7)}).map(
+        lambda batch: {**tok(batch["text"]), "labels": tok(batch["text"])["input_ids"]}, batched=True,
+        remove_columns=["text"])
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=1e-3, report_to="none")
+    trainer = Trainer(model=lm.model(), args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
+                      data_collator=DataCollatorWithFlattening())
+    trainer.train()
+"""
+
+
+def test_a_packing_collator_is_not_compared_as_padded_rows(project: pytest.Pytester) -> None:
+    from task_scripts import LM
+
+    project.makepyfile(lm=LM)
+    write(project, "train.py", FLATTENED)
+    result = run_script(project)
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    assert outcomes(result)["padding[cpu]"] == "SKIPPED"
+    assert outcomes(result)["lengths[cpu]"] == "PASSED"
+    result.stdout.fnmatch_lines(["*the collator packs rows into one sequence (it makes 1 sequence of the 2 rows it is "
+                                 "given): no row is padded beside another*"])

@@ -28,12 +28,18 @@ TOLERANCE = 1e-4
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    from pytest_trainer import strategies
+    import pytest
+
+    from pytest_trainer import fed, strategies
     from pytest_trainer.search import search
 
     strategies.require_sequences(pipeline)
     model_input = pipeline.task.sequence or ""
     check_pad_token(pipeline)
+    if len(pipeline.training) >= 2:
+        how = fed.packed(pipeline.batches.collate(pipeline.batches.rows([0, 1]), "cpu"), 2)
+        if how is not None:
+            pytest.skip(f"the collator packs rows into one sequence ({how}): no row is padded beside another")
     model = pipeline.model_on(device)
     model.eval()
     notes: list[str] = []
