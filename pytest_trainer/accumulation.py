@@ -71,8 +71,9 @@ def compare(trainer: Any, model: Any, batch: dict[str, Any]) -> Comparison | Non
     if whole is None or split is None:
         return None
     reference = float(whole.dot(whole))
-    if reference == 0 or not math.isfinite(reference) or not math.isfinite(whole_loss) or whole_loss == 0:
-        return None
+    if reference == 0 or not math.isfinite(reference) or not math.isfinite(whole_loss) or whole_loss == 0 or \
+            not math.isfinite(split_loss):
+        return None  # a micro-batch with nothing to score (no pair, no label) tells nothing about the scaling
     return Comparison(rows, micro, float(split.dot(whole)) / reference, split_loss / whole_loss)
 
 

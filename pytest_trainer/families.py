@@ -38,6 +38,8 @@ class Family:
     judged_as = "loss"
     #: Whether the trainer feeds every column of a split (it builds its own dataloaders and removes none).
     keeps_columns = False
+    #: Why a batch cannot be cut into micro-batches by rows (its rows belong together), or None where it can.
+    unsplittable: str | None = None
 
     def task(self, model: Any) -> tasks.Task:
         """What the model is trained to do with the labels this family feeds it."""
@@ -139,6 +141,8 @@ class Preference(Family):
     trainers = ("DPOTrainer", "RewardTrainer", "KTOTrainer", "ORPOTrainer", "CPOTrainer")
     name = "preference trainer"
     builds_own_batches = "preference pairs are tokenized and padded by the trainer itself, as chosen and rejected"
+    unsplittable = ("a pair's chosen and rejected answers may sit in rows far apart (LLaMA-Factory and ms-swift "
+                    "stack all chosen rows above all rejected ones), so cutting the batch by rows would break pairs")
     #: The token-id columns those trainers tokenize into (TRL's names across its versions).
     token_columns = ("prompt_ids", "chosen_ids", "rejected_ids", "completion_ids", "prompt_input_ids",
                      "chosen_input_ids", "rejected_input_ids", "completion_input_ids", "input_ids_chosen",

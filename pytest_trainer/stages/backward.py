@@ -195,7 +195,7 @@ def check_new_heads(pipeline: Pipeline, model: Any) -> diagnosis.Finding | None:
 def check_accumulation(pipeline: Pipeline, model: Any, device: str) -> diagnosis.Finding | None:
     """Gradient accumulation must not change the loss or gradients of the same samples."""
     trainer = pipeline.trainer
-    if int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1) <= 1:
+    if int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1) <= 1 or pipeline.family.unsplittable:
         return None
     batch = pipeline.batches.on(device)
     rows = accumulation.rows_of(batch)
