@@ -117,7 +117,8 @@ def at_peak_learning_rate(optimizer: Any, model: Any) -> tuple[float, bool]:
     if peak == 0:
         raise diagnosis.PipelineFailure(
             "the learning rate is 0, so no optimizer step can change the weights",
-            f"set learning_rate in TrainingArguments: {model_facts.usual_learning_rates(model)}",
+            f"set learning_rate in TrainingArguments (or in the config a framework builds them from): "
+            f"{model_facts.usual_learning_rates(model)}",
         )
     below = max(group["lr"] for group in optimizer.param_groups) < peak
     for group in optimizer.param_groups:

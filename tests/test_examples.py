@@ -55,7 +55,8 @@ def test_advice_on_the_learning_rate_of_a_pretrained_model_is_a_fine_tuning_rate
     result = pytester.runpytest("--trainer-module=mnli/train.py", "--trainer-stages=step", "--trainer-devices=cpu")
     result.assert_outcomes(passed=1, failed=1)  # load passed
     result.stdout.fnmatch_lines(["step[[]cpu[]] failed: the learning rate is 0*",
-                                 "  fix: set learning_rate in TrainingArguments: fine-tuning a pretrained model usually "
+                                 "  fix: set learning_rate in TrainingArguments (or in the config a framework builds "
+                                 "them from): fine-tuning a pretrained model usually "
                                  "takes 1e-5 to 5e-5 (1e-4 to 2e-4 for LoRA adapters)"])
 
 

@@ -1,0 +1,94 @@
+"""Run pytest-trainer on a framework's own entry file, as its users would, and hold it to what it must do.
+
+Usage: python check.py FRAMEWORK    (llamafactory, axolotl or swift), from an empty folder, in a virtualenv that has the
+framework and pytest-trainer installed (tox -e llamafactory, say, does all of it).
+
+It builds a tiny Qwen2 model, its tokenizer and data in ./tiny (make_tiny.py), then for each case of the framework:
+
+- a correct configuration: every item that runs passes, and the run leaves no file in this folder (the framework's
+  output folder included);
+- the same configuration with a learning rate of 0, given through the framework's own settings: `step` fails and
+  says so.
+
+It prints each run's summary and exits 1 on the first case that does not hold.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LEARNING_RATE_ZERO = "step[cpu] failed: the learning rate is 0"
+
+
+def entry(package: str, *parts: str) -> str:
+    """The path of a module file inside an installed package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        sys.exit(f"{package} is not installed in this environment: pip install -r {HERE / 'requirements.txt'}")
+    return str(Path(spec.origin).parent.joinpath(*parts))
+
+
+def cases(framework: str) -> list[tuple[str, str, str, str]]:
+    """(name, entry file, --trainer-args, the learning-rate-0 override) of each case."""
+    if framework == "llamafactory":
+        launcher = entry("llamafactory", "launcher.py")
+        return [(f"LoRA {stage.upper()}", launcher, str(HERE / "llamafactory" / f"{stage}.yaml"), "learning_rate=0")
+                for stage in ("sft", "dpo")]
+    if framework == "swift":
+        return [("LoRA SFT", entry("swift", "cli", "sft.py"), (HERE / "swift" / "sft.args").read_text().strip(),
+                 "--learning_rate 0")]
+    if framework == "axolotl":
+        train = entry("axolotl", "cli", "train.py")
+        return [(f"LoRA SFT{name}", train, str(HERE / "axolotl" / config), "--learning_rate=0")
+                for name, config in (("", "sft.yml"), (" with sample_packing", "packing.yml"))]
+    sys.exit(f"usage: python {Path(__file__).name} llamafactory|axolotl|swift")
+
+
+def files_here() -> set[str]:
+    """Every file under this folder but the tiny model and data, hypothesis's cache and bytecode."""
+    found = set()
+    for root, folders, files in os.walk("."):
+        folders[:] = [name for name in folders if name not in ("tiny", ".hypothesis", "__pycache__")]
+        found.update(os.path.join(root, name) for name in files)
+    return found
+
+
+def pytest(module: str, arguments: str, *options: str) -> tuple[int, str]:
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", f"--trainer-module={module}",
+               f"--trainer-args={arguments}", *options]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    output = done.stdout + done.stderr
+    summary = [line for line in output.splitlines() if "failed:" in line or " passed" in line or "fix:" in line]
+    print("\n".join(summary[-12:]), flush=True)
+    return done.returncode, output
+
+
+def main() -> None:
+    framework = sys.argv[1] if len(sys.argv) == 2 else ""
+    found = cases(framework)
+    os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", AXOLOTL_DO_NOT_TRACK="1")
+    subprocess.run([sys.executable, str(HERE / "make_tiny.py"), "tiny"], check=True)
+    for name, module, arguments, zero in found:
+        print(f"== {framework}, {name}: a correct configuration", flush=True)
+        before = files_here()
+        code, output = pytest(module, arguments)
+        left = sorted(files_here() - before)
+        if code != 0 or left:
+            print(output[-6000:])
+            sys.exit(f"{framework}, {name}: expected every item to pass and no file left; pytest exited {code}, "
+                     f"files left: {left}")
+        print(f"== {framework}, {name}: learning rate 0", flush=True)
+        code, output = pytest(module, f"{arguments} {zero}", "--trainer-stages=load,step")
+        if code != 1 or LEARNING_RATE_ZERO not in output:
+            print(output[-6000:])
+            sys.exit(f"{framework}, {name}: expected step to fail with {LEARNING_RATE_ZERO!r}; pytest exited {code}")
+    print(f"{framework}: every case holds")
+
+
+if __name__ == "__main__":
+    main()
