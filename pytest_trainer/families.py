@@ -85,6 +85,10 @@ class Family:
         own class (from_pretrained, a PEFT adapter) says how."""
         return None
 
+    def evaluator(self, trainer: Trainer, model: Any) -> dict[str, float] | None:
+        """The metrics of the evaluator the trainer runs at each evaluation beside its eval loss (None: it has none)."""
+        return None
+
     def prediction_settings(self, trainer: Trainer) -> dict[str, Any]:
         """Keyword arguments the trainer's evaluation passes to its prediction step."""
         return {}
@@ -284,6 +288,16 @@ class SentenceTransformers(Family):
         if finding is not None:
             raise finding
         return notes + ([note] if note else [])
+
+    def evaluator(self, trainer: Trainer, model: Any) -> dict[str, float] | None:
+        """The trainer's evaluator, run on the model as its evaluation runs it (without writing its CSV)."""
+        evaluator = getattr(trainer, "evaluator", None)
+        if evaluator is None:
+            return None
+        with diagnosis.pipeline_part(f"the trainer's evaluator ({type(evaluator).__name__})"):
+            metrics = evaluator(model)
+        values = metrics if isinstance(metrics, dict) else {"evaluator": metrics}
+        return {str(name): float(value) for name, value in values.items() if isinstance(value, (int, float))}
 
     def reload(self, model: Any, folder: str, device: str) -> tuple[Any, str] | None:
         with diagnosis.pipeline_part(f"reloading the saved {type(model).__name__}"):

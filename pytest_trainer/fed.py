@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, tables
@@ -71,7 +72,7 @@ class FedSplit:
         import datasets
 
         if isinstance(self.given, datasets.Dataset) and not self.keeps_columns:
-            with diagnosis.pipeline_part("the Trainer's removal of unused columns"):
+            with diagnosis.pipeline_part("the Trainer's removal of unused columns"), _as_before_training(self.trainer):
                 return self.trainer._remove_unused_columns(self.given, description=self.description)
         return self.given
 
@@ -238,10 +239,27 @@ class FedSplit:
         keys = list(dict.fromkeys(key for sample in samples for key in sample))
         if not self.trainer.args.remove_unused_columns or self.keeps_columns:
             return keys
-        self.trainer._set_signature_columns_if_needed()
-        signature: set[str] = set(self.trainer._signature_columns or [])
+        with _as_before_training(self.trainer):
+            self.trainer._set_signature_columns_if_needed()
+            signature: set[str] = set(self.trainer._signature_columns or [])
         kept = [key for key in keys if key in signature]
         return kept or keys
+
+
+@contextmanager
+def _as_before_training(trainer: Any) -> Iterator[None]:
+    """The Trainer's signature columns as they were before the plugin asked for them, during and after the call.
+
+    A trainer works its signature columns out once, on its first dataloader; a subclass may amend them each time it is
+    asked (axolotl's packing removes attention_mask, and a second call finds none to remove). Each call of the plugin
+    starts from the trainer's own state, so it meets the trainer as its first dataloader does.
+    """
+    held = getattr(trainer, "_signature_columns", None)
+    trainer._signature_columns = None
+    try:
+        yield
+    finally:
+        trainer._signature_columns = held
 
 
 def splits(trainer: Trainer, rows: int, keeps_columns: bool = False) -> list[FedSplit]:

@@ -18,7 +18,9 @@ import itertools
 import logging
 import os
 import random
+import signal
 import sys
+import threading
 import traceback
 import types
 import warnings
@@ -466,7 +468,8 @@ def _sample(loaded: Any, rows: int, capture: _Capture, source: str, split: str =
 
 @contextmanager
 def _process_state_restored(script: Path, script_args: tuple[str, ...]) -> Iterator[None]:
-    """Give the script the process `python script` would, and take back everything it changed."""
+    """Give the script the process `python script` would, and take back everything it changed (signal handlers
+    included)."""
     import numpy
     import torch
 
@@ -477,6 +480,9 @@ def _process_state_restored(script: Path, script_args: tuple[str, ...]) -> Itera
         logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
     ]
     saved_levels = [(logger, logger.level) for logger in loggers]
+    # A framework may catch Ctrl-C to save its model where its config says (axolotl does): that is for a real run.
+    handled = [signal.SIGINT, signal.SIGTERM] if threading.current_thread() is threading.main_thread() else []
+    saved_handlers = [(number, signal.getsignal(number)) for number in handled]
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.parent))
     # A fresh process would start from the same random state whatever ran before: so does the script,
@@ -497,6 +503,9 @@ def _process_state_restored(script: Path, script_args: tuple[str, ...]) -> Itera
         torch.random.set_rng_state(saved_random[2])
         for logger, level in saved_levels:
             logger.setLevel(level)
+        for number, handler in saved_handlers:
+            if handler is not None:
+                signal.signal(number, handler)
 
 
 class _Tail:

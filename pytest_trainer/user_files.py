@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,8 @@ class UserFolders:
         self._project = Path(os.path.abspath(script)).parent
         self._sandbox = Path(os.path.abspath(sandbox))
         self._watched: dict[Path, _Watched] = {}
+        #: When the script started: a file written since (before its folder was named: a framework's log) is the run's.
+        self._started = time.time_ns()
 
     def watch(self, folder: str | os.PathLike[str]) -> None:
         """Start watching `folder` (relative to the working directory now) unless one watched holds it already."""
@@ -50,17 +53,31 @@ class UserFolders:
         if any(path.is_relative_to(known) for known in self._watched) or self._project.is_relative_to(path) or \
                 self._sandbox.is_relative_to(path) or path.is_relative_to(self._sandbox):
             return
-        created = None
-        missing = path
-        while not missing.parent.exists() and missing.parent != missing:
-            missing = missing.parent
-        if not missing.exists():
-            created = missing
-        watched = _Watched(path, created)
-        if created is None:
-            _snapshot(watched)
+        watched = _Watched(path, self._created(path))
+        if watched.created is None:
+            _snapshot(watched, self._started)
         self._watched = {known: value for known, value in self._watched.items() if not known.is_relative_to(path)}
         self._watched[path] = watched
+
+    def _created(self, path: Path) -> Path | None:
+        """The outermost folder of `path` that the run made: one missing now, or one holding only what the run wrote
+        (a framework that opens its log there before it builds its training arguments); None where `path` was there."""
+        made = None
+        while path != path.parent and not self._project.is_relative_to(path):
+            if path.exists() and not self._new(path):
+                break
+            made, path = path, path.parent
+        return made
+
+    def _new(self, folder: Path) -> bool:
+        """Whether `folder` and everything in it were written since the script started."""
+        try:
+            if not folder.is_dir() or folder.stat().st_mtime_ns < self._started:
+                return False
+            return all(Path(root, name).stat().st_mtime_ns >= self._started
+                       for root, folders, files in os.walk(folder) for name in [*folders, *files])
+        except OSError:
+            return False
 
     def restore(self) -> list[str]:
         """Put every watched folder back; one line for each that the run had written to."""
@@ -69,7 +86,8 @@ class UserFolders:
         return lines
 
 
-def _snapshot(watched: _Watched) -> None:
+def _snapshot(watched: _Watched, started: int) -> None:
+    """What the folder holds, but for the files written since the script started (those are the run's)."""
     if not watched.folder.is_dir():
         return
     kept = 0
@@ -80,6 +98,8 @@ def _snapshot(watched: _Watched) -> None:
             try:
                 status = path.stat()
             except OSError:
+                continue
+            if status.st_mtime_ns >= started:
                 continue
             watched.files[path] = (status.st_size, status.st_mtime_ns)
             if status.st_size <= KEPT_FILE_BYTES and kept + status.st_size <= KEPT_BYTES:

@@ -137,9 +137,10 @@ def test_suite_writes_nothing_into_the_project(project: pytest.Pytester) -> None
 
 def test_process_state_is_restored_after_the_script(project: pytest.Pytester) -> None:
     write(project, "train.py", """
-        import logging, os, random, sys, warnings
+        import logging, os, random, signal, sys, warnings
         import tiny
         from transformers import Trainer, TrainingArguments
+        signal.signal(signal.SIGINT, lambda number, frame: None)
         os.chdir("..")
         sys.argv.append("--extra")
         random.seed(1)
@@ -150,14 +151,16 @@ def test_process_state_is_restored_after_the_script(project: pytest.Pytester) ->
                           train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
     """)
     project.makeconftest("""
-        import logging, os, sys, warnings
+        import logging, os, signal, sys, warnings
         import pytest
 
         @pytest.fixture(autouse=True)
         def state_before(request):
-            before = (os.getcwd(), list(sys.argv), logging.getLogger().level, list(warnings.filters))
+            before = (os.getcwd(), list(sys.argv), logging.getLogger().level, list(warnings.filters),
+                      signal.getsignal(signal.SIGINT))
             yield
-            after = (os.getcwd(), list(sys.argv), logging.getLogger().level, list(warnings.filters))
+            after = (os.getcwd(), list(sys.argv), logging.getLogger().level, list(warnings.filters),
+                     signal.getsignal(signal.SIGINT))
             assert after == before
     """)
     result = run_script(project)
@@ -418,3 +421,17 @@ def test_an_existing_output_folder_is_put_back_as_it_was(project: pytest.Pyteste
     assert (run / "config.yaml").read_text() == "the user's own"
     result.stdout.fnmatch_lines(["put back: *outputs/run: written by the script before train(); * new files removed; "
                                  "1 changed files put back"])
+
+
+def test_a_log_opened_in_the_output_folder_before_the_arguments_is_removed(project: pytest.Pytester) -> None:
+    """axolotl opens its debug.log in the output folder its config names before it builds the training arguments."""
+    early_log = WRITES_BEFORE_TRAIN.replace(
+        '    OUT = "outputs/run"\n',
+        '    OUT = "outputs/run"\n    os.makedirs(OUT, exist_ok=True)\n'
+        '    open(os.path.join(OUT, "debug.log"), "w").write("the run log")\n')
+    assert early_log.count("debug.log") == 1
+    write(project, "train.py", early_log)
+    before = sorted(path.name for path in project.path.iterdir())
+    result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before

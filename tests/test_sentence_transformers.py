@@ -125,6 +125,23 @@ def test_a_bi_encoder_with_in_batch_negatives_and_an_evaluator_passes(project: p
         {f"{stage}[cpu]": "PASSED" for stage in CHECKED}
     assert report["save"]["notes"][0].endswith("SentenceTransformer(folder) reloads it to the same loss and weights")
     assert "modules.json" in report["save"]["notes"][0]
+    assert "evaluator_dev_cosine_accuracy" in report["eval"]["figures"], report["eval"]
+
+
+def test_an_evaluator_that_crashes_fails_eval(project: pytest.Pytester) -> None:
+    """The trainer runs its evaluator at each evaluation: one of the user's own that crashes would stop the run there."""
+    broken = BI_ENCODER.replace(
+        "evaluator = TripletEvaluator(",
+        "from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator\n\n\n"
+        "    class Spread(SentenceEvaluator):\n"
+        "        def __call__(self, model, output_path=None, epoch=-1, steps=-1):\n"
+        "            embeddings = model.encode(test['anchor'], convert_to_tensor=True)\n"
+        "            return {'spread': float(embeddings.std(dim=0)[embeddings.shape[1]])}\n\n\n"
+        "    evaluator = Spread() or TripletEvaluator(")
+    assert broken.count("class Spread") == 1
+    result, _ = run(project, broken, "--trainer-stages=load,eval")
+    assert failures(result) == ["eval[cpu]"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*eval[[]cpu[]] failed: the trainer's evaluator (Spread) raised IndexError*"])
 
 
 def test_a_cross_encoder_reranker_passes(project: pytest.Pytester) -> None:

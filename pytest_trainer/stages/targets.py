@@ -37,8 +37,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if pipeline.task.labels == tasks.REWARD:
         return rewards(pipeline, device)
     collated = [(_numpy(batch), samples) for samples, batch in pipeline.batches.spread(SAMPLED_ROWS)]
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    pad = getattr(getattr(tokenizer, "tokenizer", tokenizer), "pad_token_id", None)
     rows = [row for batch, samples in collated if "labels" in batch and "input_ids" in batch
-            for row in _rows(batch, samples)]
+            for row in _rows(batch, samples, pad)]
     if not rows:
         pytest.skip("the collated batches carry no labels of token ids: the model computes no loss from them to audit")
     supervised = sum(int(row.trained.sum()) for row in rows)
@@ -97,8 +99,9 @@ def _numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
     return {key: value.detach().cpu().numpy() for key, value in batch.items() if hasattr(value, "detach")}
 
 
-def _rows(batch: dict[str, np.ndarray], samples: list[dict[str, Any]]) -> list[_Row]:
-    """The sequences of a batch: its rows, or in a padding-free batch the runs where position_ids restart at 0."""
+def _rows(batch: dict[str, np.ndarray], samples: list[dict[str, Any]], pad: int | None = None) -> list[_Row]:
+    """The sequences of a batch: its rows, or in a packed batch the runs where position_ids restart at 0 (a run of
+    `pad` tokens alone, with no label, is the padding after the last one, not a sequence)."""
     import numpy as np
 
     ids, labels = batch["input_ids"], batch["labels"]
@@ -118,6 +121,9 @@ def _rows(batch: dict[str, np.ndarray], samples: list[dict[str, Any]]) -> list[_
             starts = [int(start) for start in np.flatnonzero(positions[index] == 0)] or [0]
         for start, end in zip(starts, [*starts[1:], ids.shape[1]], strict=True):
             cut = slice(start, end)
+            if len(starts) > 1 and pad is not None and (ids[index, cut] == pad).all() and \
+                    (labels[index, cut] == IGNORE_INDEX).all():
+                continue
             rows.append(_Row(ids[index, cut], labels[index, cut], real[index, cut].copy(),
                              None if prompt is None else prompt[cut]))
     return rows
