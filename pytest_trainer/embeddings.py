@@ -218,3 +218,59 @@ def truncated(trainer: Trainer, split: Any) -> str | None:
         if over:
             cut.append(f"{name} {over} of {len(values)} (longest {max(lengths)} tokens)")
     return f"texts longer than max_seq_length={limit}, cut when encoded: {'; '.join(cut)}" if cut else None
+
+
+#: Largest change of a text's embedding (or score) padded beside a longer text, relative to its largest value (at
+#: least 1): float32 noise between batch shapes is far below it, pooling over padding far above it.
+PADDED_TOLERANCE = 1e-4
+#: The shortest texts of the split, each encoded alone and beside its longest.
+PADDED_TEXTS = 4
+
+
+def check_padded(trainer: Trainer, split: Any) -> str:
+    """A text's embedding (a bi-encoder's) or score (a cross-encoder's) is the same alone and in a batch beside a
+    longer text, as the model encodes it at inference; a note of what was compared, or a failure naming the text."""
+    import torch
+
+    model = trainer.model
+    texts, _ = columns(split.table)
+    rows = [row for row in split.table.select(texts).to_pylist() if all(isinstance(row[name], str) for name in texts)]
+    if not rows:
+        return "no rows of texts to encode"
+    pairs = len(texts) >= 2 and hasattr(model, "predict") and not hasattr(model, "encode")
+    items = [(row[texts[0]], row[texts[1]]) for row in rows] if pairs else [row[name] for row in rows for name in texts]
+    by_length = sorted(set(items), key=lambda item: len(" ".join(item) if pairs else item))
+    longest = by_length[-1]
+    worst = (0.0, by_length[0])
+    with torch.no_grad():
+        for item in by_length[:PADDED_TEXTS]:
+            if item == longest:
+                continue
+            with diagnosis.pipeline_part(f"{type(model).__name__}.{'predict' if pairs else 'encode'}"):
+                alone = _encoded(model, [item], pairs)[0]
+                beside = _encoded(model, [item, longest], pairs)[0]
+            gap = float((alone - beside).abs().max()) / max(1.0, float(alone.abs().max()))
+            worst = max(worst, (gap, item), key=lambda found: found[0])
+    gap, item = worst
+    what = "score" if pairs else "embedding"
+    if gap <= PADDED_TOLERANCE:
+        compared = min(PADDED_TEXTS, len(by_length) - 1)
+        return f"{compared} short texts: the same {what} alone and padded beside the longest"
+    left = getattr(getattr(model, "tokenizer", None), "padding_side", "right") == "left"
+    raise diagnosis.PipelineFailure(
+        f"the {what} of {item!r} changes by {gap:.3g} (relative) when it is encoded beside a longer text and so "
+        f"padded: the model reads the padding, so a text's {what} depends on the batch it is in"
+        + (" (its tokenizer pads on the left, which shifts the positions of every padded text)" if left else ""),
+        "pad on the right: model.tokenizer.padding_side = 'right'" if left else
+        "pool over the real tokens only, with features['attention_mask'] (as sentence-transformers' Pooling module "
+        "does), in every module after the transformer",
+    )
+
+
+def _encoded(model: Any, items: list[Any], pairs: bool) -> Any:
+    import torch
+
+    if pairs:
+        return torch.as_tensor(model.predict(items, batch_size=len(items), convert_to_tensor=True)).float().reshape(
+            len(items), -1)
+    return model.encode(items, batch_size=len(items), convert_to_tensor=True).float()

@@ -40,6 +40,8 @@ class Family:
     keeps_columns = False
     #: Why a batch cannot be cut into micro-batches by rows (its rows belong together), or None where it can.
     unsplittable: str | None = None
+    #: Whether the family checks padding its own way (`check_padding`): its library pads the rows it encodes.
+    padded_by_library = False
 
     def task(self, model: Any) -> tasks.Task:
         """What the model is trained to do with the labels this family feeds it."""
@@ -87,6 +89,11 @@ class Family:
 
     def evaluator(self, trainer: Trainer, model: Any) -> dict[str, float] | None:
         """The metrics of the evaluator the trainer runs at each evaluation beside its eval loss (None: it has none)."""
+        return None
+
+    def check_padding(self, trainer: Trainer, split: Any) -> str | None:
+        """The family's own padding property, where its library pads the rows itself (`padded_by_library`): a note of
+        what was compared; raises a failure where padding changes the outputs."""
         return None
 
     def prediction_settings(self, trainer: Trainer) -> dict[str, Any]:
@@ -260,6 +267,7 @@ class SentenceTransformers(Family):
     name = "sentence-transformers trainer"
     builds_own_batches = "sentence-transformers tokenizes each text column itself, in its collator or its loss"
     keeps_columns = True
+    padded_by_library = True
 
     def task(self, model: Any) -> tasks.Task:
         return tasks.Task(f"sentence-transformers ({type(model).__name__})", tasks.EMBEDDING, None, conventional=False)
@@ -298,6 +306,11 @@ class SentenceTransformers(Family):
             metrics = evaluator(model)
         values = metrics if isinstance(metrics, dict) else {"evaluator": metrics}
         return {str(name): float(value) for name, value in values.items() if isinstance(value, (int, float))}
+
+    def check_padding(self, trainer: Trainer, split: Any) -> str | None:
+        from pytest_trainer import embeddings
+
+        return embeddings.check_padded(trainer, split)
 
     def reload(self, model: Any, folder: str, device: str) -> tuple[Any, str] | None:
         with diagnosis.pipeline_part(f"reloading the saved {type(model).__name__}"):

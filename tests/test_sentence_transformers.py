@@ -105,9 +105,10 @@ CROSS_ENCODER = """
     trainer.train()
 """
 
-#: Every CPU item that checks a sentence-transformers pipeline; targets, labels, lengths and padding skip with the
-#: reason (no causal-LM supervision; the loss decides what a label is; the library tokenizes the texts itself).
-CHECKED = ("dataset", "collate", "forward", "backward", "step", "overfit", "save", "eval", "precision", "memory")
+#: Every CPU item that checks a sentence-transformers pipeline; targets, labels and lengths skip with the reason (no
+#: causal-LM supervision; the loss decides what a label is; the library tokenizes and cuts the texts itself).
+CHECKED = ("dataset", "collate", "forward", "backward", "step", "overfit", "save", "eval", "precision", "memory",
+           "padding")
 
 
 def run(project: pytest.Pytester, source: str, *args: str) -> tuple[pytest.RunResult, dict[str, dict]]:
@@ -209,3 +210,24 @@ def test_a_learning_rate_of_zero_fails_step(project: pytest.Pytester) -> None:
     result, _ = run(project, frozen, "--trainer-stages=load,step")
     assert failures(result) == ["step[cpu]"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*step[[]cpu[]] failed: the learning rate is 0, so no optimizer step can change the weights"])
+
+
+def test_a_pooling_that_averages_the_padding_fails_padding(project: pytest.Pytester) -> None:
+    """A pooling module of the user's own that averages every position, padding included: a text's embedding then
+    depends on the longest text of its batch, at inference as in training."""
+    mean_of_every_token = BI_ENCODER.replace(
+        "model = st.bi_encoder()",
+        "import torch\n\n\n    class MeanOfEveryToken(torch.nn.Module):\n"
+        "        def forward(self, features):\n"
+        "            features['sentence_embedding'] = features['token_embeddings'].mean(dim=1)\n"
+        "            return features\n\n\n"
+        "    from sentence_transformers.sentence_transformer import SentenceTransformer\n"
+        "    model = SentenceTransformer(modules=[st.bi_encoder()[0], MeanOfEveryToken()], device='cpu')")
+    assert mean_of_every_token.count("MeanOfEveryToken") == 2
+    result, _ = run(project, mean_of_every_token, "--trainer-stages=load,padding")
+    assert failures(result) == ["padding[cpu]"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([
+        "*padding[[]cpu[]] failed: the embedding of * changes by * (relative) when it is encoded beside a longer text "
+        "and so padded: the model reads the padding*",
+        "*fix: pool over the real tokens only, with features[[]'attention_mask'[]]*",
+    ])

@@ -33,6 +33,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     from pytest_trainer import fed, strategies
     from pytest_trainer.search import search
 
+    if pipeline.family.padded_by_library:
+        pipeline.model_on(device).eval()
+        return StageResult("padding", device, notes=[pipeline.family.check_padding(pipeline.trainer,
+                                                                                    pipeline.training) or ""])
     strategies.require_sequences(pipeline)
     model_input = pipeline.task.sequence or ""
     check_pad_token(pipeline)
@@ -153,6 +157,8 @@ def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: 
 
 
 def applies(task: Task, family: Family) -> str | None:
+    if family.padded_by_library:
+        return None
     reason = lengths_apply(task, family)
     if reason is None and task.positions:
         return "question answering: the softmax over answer positions spans the padding too (transformers' QA " \
