@@ -5,6 +5,7 @@ user would see it. A framework that builds the Trainer for its user (axolotl, sa
 own config names (the config, the tokenizer, a log) after building the Trainer and before `train()`: that folder is
 watched from the moment the script names it and put back afterwards. A file the run created is removed, a small file
 it changed gets its old content back, and what cannot be put back (a large file rewritten) is named for the report.
+What the run made in the working directory (a framework's dataset cache) is removed too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 KEPT_FILE_BYTES = 1 << 20
 #: At most this much is kept in memory for one folder.
 KEPT_BYTES = 32 << 20
+#: What test tools keep in the working directory (never the script's).
+TOOL_CACHES = (".hypothesis", ".pytest_cache", "__pycache__")
 
 
 @dataclass
@@ -46,6 +49,10 @@ class UserFolders:
         self._watched: dict[Path, _Watched] = {}
         #: When the script started: a file written since (before its folder was named: a framework's log) is the run's.
         self._started = time.time_ns()
+        #: The working directory the script starts in, and what it holds then: a framework's cache made there (axolotl's
+        #: last_run_prepared) is the run's too.
+        self._cwd = Path.cwd()
+        self._entries = set(os.listdir(self._cwd))
 
     def watch(self, folder: str | os.PathLike[str]) -> None:
         """Start watching `folder` (relative to the working directory now) unless one watched holds it already."""
@@ -80,9 +87,29 @@ class UserFolders:
             return False
 
     def restore(self) -> list[str]:
-        """Put every watched folder back; one line for each that the run had written to."""
+        """Put every watched folder back, and remove what the run made in the working directory; one line for each."""
         lines = [line for watched in self._watched.values() if (line := _restore(watched))]
         self._watched.clear()
+        return lines + self._made_in_working_directory()
+
+    def _made_in_working_directory(self) -> list[str]:
+        """Entries of the working directory that the run made, whole: removed, unless other pytest processes share
+        the directory (pytest-xdist), where they are named and left."""
+        lines = []
+        shared = "PYTEST_XDIST_WORKER" in os.environ
+        for name in sorted(set(os.listdir(self._cwd)) - self._entries - set(TOOL_CACHES)):
+            path = self._cwd / name
+            if not self._new(path) and not (path.is_file() and path.stat().st_mtime_ns >= self._started):
+                continue
+            if shared:
+                lines.append(f"{path}: made by the script before train(); left, as other pytest processes work in "
+                             "this directory too")
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            lines.append(f"{path}: made by the script before train(), in the working directory; removed")
         return lines
 
 

@@ -435,3 +435,17 @@ def test_a_log_opened_in_the_output_folder_before_the_arguments_is_removed(proje
     result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
     assert failures(result) == [], result.stdout.str()[-3000:]
     assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before
+
+
+def test_a_cache_made_in_the_working_directory_before_train_is_removed(project: pytest.Pytester) -> None:
+    """axolotl prepares its dataset into last_run_prepared/ in the working directory unless its config says where."""
+    write(project, "train.py", WRITES_BEFORE_TRAIN.replace(
+        '    OUT = "outputs/run"\n',
+        '    OUT = "outputs/run"\n    os.makedirs("last_run_prepared/abc123", exist_ok=True)\n'
+        '    open("last_run_prepared/abc123/data.arrow", "w").write("rows")\n'))
+    before = sorted(path.name for path in project.path.iterdir())
+    result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before
+    result.stdout.fnmatch_lines(["put back: *last_run_prepared: made by the script before train(), in the working "
+                                 "directory; removed"])
