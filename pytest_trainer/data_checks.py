@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_trainer import diagnosis, model_facts, tables, task_checks, tasks
+from pytest_trainer import diagnosis, fed, model_facts, tables, task_checks, tasks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
             raise images from error
         if text and pipeline.task.conventional:
             raise diagnosis.untokenized(split.description, text, model_input) from error
-        signature: list[str] = pipeline.trainer._signature_columns or []
+        signature = fed.signature_columns(pipeline.trainer)
         taken = [name for name in signature if name not in ("args", "kwargs")]
         raise diagnosis.no_matching_columns(split.description, raw.column_names, taken) from error
     except Exception as error:

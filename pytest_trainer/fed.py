@@ -239,9 +239,7 @@ class FedSplit:
         keys = list(dict.fromkeys(key for sample in samples for key in sample))
         if not self.trainer.args.remove_unused_columns or self.keeps_columns:
             return keys
-        with _as_before_training(self.trainer):
-            self.trainer._set_signature_columns_if_needed()
-            signature: set[str] = set(self.trainer._signature_columns or [])
+        signature = set(signature_columns(self.trainer))
         kept = [key for key in keys if key in signature]
         return kept or keys
 
@@ -260,6 +258,14 @@ def _as_before_training(trainer: Any) -> Iterator[None]:
         yield
     finally:
         trainer._signature_columns = held
+
+
+def signature_columns(trainer: Any) -> list[str]:
+    """The columns the Trainer's removal of unused columns keeps (the model's forward parameters and the labels), as
+    the trainer works them out before training."""
+    with _as_before_training(trainer):
+        trainer._set_signature_columns_if_needed()
+        return list(trainer._signature_columns or [])
 
 
 def splits(trainer: Trainer, rows: int, keeps_columns: bool = False) -> list[FedSplit]:
