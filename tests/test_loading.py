@@ -437,8 +437,10 @@ def test_a_log_opened_in_the_output_folder_before_the_arguments_is_removed(proje
     assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before
 
 
-def test_a_cache_made_in_the_working_directory_before_train_is_removed(project: pytest.Pytester) -> None:
+def test_a_cache_made_in_the_working_directory_before_train_is_removed(project: pytest.Pytester,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """axolotl prepares its dataset into last_run_prepared/ in the working directory unless its config says where."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the run below is no worker, whatever runs this test
     write(project, "train.py", WRITES_BEFORE_TRAIN.replace(
         '    OUT = "outputs/run"\n',
         '    OUT = "outputs/run"\n    os.makedirs("last_run_prepared/abc123", exist_ok=True)\n'
@@ -449,3 +451,16 @@ def test_a_cache_made_in_the_working_directory_before_train_is_removed(project: 
     assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before
     result.stdout.fnmatch_lines(["put back: *last_run_prepared: made by the script before train(), in the working "
                                  "directory; removed"])
+
+
+def test_under_xdist_a_cache_made_in_the_working_directory_is_only_named(project: pytest.Pytester,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other pytest processes share the working directory: what appeared there is named, never removed."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    write(project, "train.py", WRITES_BEFORE_TRAIN.replace(
+        '    OUT = "outputs/run"\n', '    OUT = "outputs/run"\n    open("prepared.arrow", "w").write("rows")\n'))
+    result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    assert (project.path / "prepared.arrow").read_text() == "rows"
+    result.stdout.fnmatch_lines(["put back: *prepared.arrow: made by the script before train(); left, as other pytest "
+                                 "processes work in this directory too"])
