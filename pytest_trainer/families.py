@@ -77,7 +77,7 @@ class Family:
         Trainer); raises a failure where they show the batch is broken."""
         return {}, []
 
-    def check_training(self, pipeline: Any, split: Any) -> list[str]:
+    def check_training(self, trainer: Trainer, split: Any) -> list[str]:
         """Notes of the family's own checks of the training split as fed (none for the plain Trainer); raises a
         finding where the split cannot train as the family feeds it."""
         return []
@@ -288,11 +288,11 @@ class SentenceTransformers(Family):
             for loss in losses:
                 owner.override_model_in_loss(loss, held)
 
-    def check_training(self, pipeline: Any, split: Any) -> list[str]:
+    def check_training(self, trainer: Trainer, split: Any) -> list[str]:
         from pytest_trainer import embeddings
 
-        notes = [note for note in (embeddings.truncated(pipeline.trainer, split),) if note]
-        note, finding = embeddings.check_duplicates(pipeline.trainer, split)
+        notes = [note for note in (embeddings.truncated(trainer, split),) if note]
+        note, finding = embeddings.check_duplicates(trainer, split)
         if finding is not None:
             raise finding
         return notes + ([note] if note else [])

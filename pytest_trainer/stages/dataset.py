@@ -21,7 +21,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     notes: list[str] = []
     table = data_checks.check_split(pipeline, split, lambda: data_checks.check_labels_present(pipeline, split.table),
                                     lambda: data_checks.check_labels_vary(pipeline, split),
-                                    lambda: notes.extend(pipeline.family.check_training(pipeline, split)))
+                                    lambda: notes.extend(pipeline.family.check_training(pipeline.trainer, split)))
     result = StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
     result.notes.append(f"task: {pipeline.task.name}")
     result.notes.extend(notes)
