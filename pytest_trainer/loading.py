@@ -97,8 +97,9 @@ class LoadedScript:
     unexercised: tuple[str, ...] = ()
     #: The fsdp_config of a script that asks for FSDP, which one process cannot run (None: it does not ask).
     fsdp: dict[str, Any] | None = None
-    #: The output folders of the user's tree that the script wrote to before train(), put back: one line each.
-    put_back: tuple[str, ...] = ()
+    #: What the script wrote into the user's tree before train() (its output folders, the working directory), to be
+    #: put back once the session no longer needs it: `UserFolders.restore`.
+    folders: user_files.UserFolders | None = None
 
 
 def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -110,9 +111,8 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         )
     capture = _Capture(user_files.UserFolders(script, sandbox.output_dir))
     output = _Tail()
-    put_back: list[str] = []
     with (
-        _folders_put_back(capture.folders, put_back),
+        _folders_put_back_on_error(capture.folders),
         _process_state_restored(script, script_args),
         _sandboxed_transformers(sandbox, capture),
         _sampled_datasets(sandbox.sample, capture),
@@ -147,6 +147,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             raise _raised(script, error) from error
     trainer = capture.trainer
     if trainer is None:
+        capture.folders.restore()
         raise ScriptError(
             script,
             "the script finished without building a transformers.Trainer",
@@ -156,16 +157,18 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
     return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision), frozenset(capture.asked),
-                        tuple(capture.unexercised), capture.fsdp, tuple(put_back))
+                        tuple(capture.unexercised), capture.fsdp, capture.folders)
 
 
 @contextmanager
-def _folders_put_back(folders: user_files.UserFolders, lines: list[str]) -> Iterator[None]:
-    """Put the output folders the script named back as they were, whether it stopped at train() or failed."""
+def _folders_put_back_on_error(folders: user_files.UserFolders) -> Iterator[None]:
+    """Put what the script wrote back at once where it fails: nothing later reads it. (Where it builds its Trainer, the
+    session puts it back at its end, since the stages may read it: a base model the script saved and loaded.)"""
     try:
         yield
-    finally:
-        lines.extend(folders.restore())
+    except BaseException:
+        folders.restore()
+        raise
 
 
 def _call_factory(script: Path, factory: str, capture: _Capture) -> None:

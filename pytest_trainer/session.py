@@ -13,6 +13,7 @@ from pytest_trainer.diagnosis import ScriptError
 from pytest_trainer.loading import Sandbox, load_trainer, script_modules
 from pytest_trainer.plan import blocked_by
 from pytest_trainer.timeouts import time_limit
+from pytest_trainer.user_files import UserFolders
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -48,6 +49,8 @@ class TrainerSession:
         self._output = tempfile.TemporaryDirectory(prefix="pytest-trainer-")
         #: The modules the scripts ran as, importable (so that what they define pickles) until the session ends.
         self._modules: set[str] = set()
+        #: What the scripts wrote into the user's tree before train(), put back when the session ends.
+        self._written: list[UserFolders] = []
 
     def script_pipeline(self, script: Path, factory: str | None) -> Pipeline:
         """The pipeline of a script, which runs once per process however many items use it."""
@@ -83,7 +86,9 @@ class TrainerSession:
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
         pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)
-        pipeline.notes.extend(f"put back: {line}" for line in loaded.put_back)
+        if loaded.folders is not None:
+            self._written.append(loaded.folders)
+            pipeline.notes.extend(f"put back: {line}" for line in loaded.folders.written())
         pipeline.asked_precision = loaded.asked_precision
         pipeline.script, pipeline.factory, pipeline.asked_fsdp = script, factory, loaded.fsdp
         return pipeline
@@ -113,6 +118,8 @@ class TrainerSession:
             self._blocked.setdefault((key, device, stage), reason)
 
     def close(self) -> None:
+        for folders in self._written:
+            folders.restore()
         self._output.cleanup()
         for name in self._modules:
             sys.modules.pop(name, None)

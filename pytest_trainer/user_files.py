@@ -1,9 +1,10 @@
-"""The user's output folders, put back as they were after the script ran.
+"""The user's output folders and working directory, put back as they were before the script ran.
 
 The plugin points every `TrainingArguments.output_dir` at a temporary folder, so the Trainer writes nothing where the
 user would see it. A framework that builds the Trainer for its user (axolotl, say) may still write into the folder its
 own config names (the config, the tokenizer, a log) after building the Trainer and before `train()`: that folder is
-watched from the moment the script names it and put back afterwards. A file the run created is removed, a small file
+watched from the moment the script names it and put back when the session ends (the stages may read what the
+script wrote: a base model it saved and loaded). A file the run created is removed, a small file
 it changed gets its old content back, and what cannot be put back (a large file rewritten) is named for the report.
 What the run made in the working directory (a framework's dataset cache) is removed too.
 """
@@ -20,6 +21,9 @@ from pathlib import Path
 KEPT_FILE_BYTES = 1 << 20
 #: At most this much is kept in memory for one folder.
 KEPT_BYTES = 32 << 20
+#: A file system stamps files from a coarser clock than time.time_ns(): a file written just after the script started
+#: can carry a time a few milliseconds before it.
+CLOCK_GRANULARITY_NS = 50_000_000
 #: What test tools keep in the working directory (never the script's).
 TOOL_CACHES = (".hypothesis", ".pytest_cache", "__pycache__")
 
@@ -48,11 +52,13 @@ class UserFolders:
         self._sandbox = Path(os.path.abspath(sandbox))
         self._watched: dict[Path, _Watched] = {}
         #: When the script started: a file written since (before its folder was named: a framework's log) is the run's.
-        self._started = time.time_ns()
+        self._started = time.time_ns() - CLOCK_GRANULARITY_NS
         #: The working directory the script starts in, and what it holds then: a framework's cache made there (axolotl's
         #: last_run_prepared) is the run's too.
         self._cwd = Path.cwd()
         self._entries = set(os.listdir(self._cwd))
+        #: What the script made there, found when it stopped (None: not looked for yet).
+        self._made: list[Path] | None = None
 
     def watch(self, folder: str | os.PathLike[str]) -> None:
         """Start watching `folder` (relative to the working directory now) unless one watched holds it already."""
@@ -86,31 +92,40 @@ class UserFolders:
         except OSError:
             return False
 
-    def restore(self) -> list[str]:
-        """Put every watched folder back, and remove what the run made in the working directory; one line for each."""
-        lines = [line for watched in self._watched.values() if (line := _restore(watched))]
-        self._watched.clear()
-        return lines + self._made_in_working_directory()
-
-    def _made_in_working_directory(self) -> list[str]:
-        """Entries of the working directory that the run made, whole: removed, unless other pytest processes share
-        the directory (pytest-xdist), where they are named and left."""
-        lines = []
+    def written(self) -> list[str]:
+        """What the script wrote, found once it stopped: one line per folder, as `restore` will put it back (nothing
+        is changed yet). What appears later (pytest's own reports, say) is not the script's."""
+        self._made = self._made_in_working_directory()
         shared = "PYTEST_XDIST_WORKER" in os.environ
+        return [line for watched in self._watched.values() if (line := _restore(watched, act=False))] + [
+            f"{path}: made by the script before train(); left, as other pytest processes work in this directory too"
+            if shared else
+            f"{path}: made by the script before train(), in the working directory; removed when the session ends"
+            for path in self._made]
+
+    def restore(self) -> None:
+        """Put every watched folder back, and remove what the script made in the working directory (unless other
+        pytest processes share it: pytest-xdist)."""
+        for watched in self._watched.values():
+            _restore(watched, act=True)
+        self._watched.clear()
+        made = self._made if self._made is not None else self._made_in_working_directory()
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            for path in made:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        self._made = []
+
+    def _made_in_working_directory(self) -> list[Path]:
+        """Entries of the working directory that the script made, whole."""
+        made = []
         for name in sorted(set(os.listdir(self._cwd)) - self._entries - set(TOOL_CACHES)):
             path = self._cwd / name
-            if not self._new(path) and not (path.is_file() and path.stat().st_mtime_ns >= self._started):
-                continue
-            if shared:
-                lines.append(f"{path}: made by the script before train(); left, as other pytest processes work in "
-                             "this directory too")
-                continue
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-            lines.append(f"{path}: made by the script before train(), in the working directory; removed")
-        return lines
+            if self._new(path) or (path.is_file() and path.stat().st_mtime_ns >= self._started):
+                made.append(path)
+        return made
 
 
 def _snapshot(watched: _Watched, started: int) -> None:
@@ -137,13 +152,16 @@ def _snapshot(watched: _Watched, started: int) -> None:
                 kept += status.st_size
 
 
-def _restore(watched: _Watched) -> str | None:
+def _restore(watched: _Watched, act: bool) -> str | None:
+    """Put a watched folder back (`act`), or only say what putting it back does."""
     if watched.created is not None:
         if not watched.created.exists():
             return None
         written = sum(len(files) for _, _, files in os.walk(watched.created))
-        shutil.rmtree(watched.created, ignore_errors=True)
-        return f"{watched.created}: created by the script before train(), with {written} files; removed"
+        if act:
+            shutil.rmtree(watched.created, ignore_errors=True)
+        return f"{watched.created}: created by the script before train(), with {written} files; removed when the " \
+               "session ends"
     if not watched.folder.is_dir():
         return None
     removed, put_back, lost = [], [], []
@@ -152,26 +170,28 @@ def _restore(watched: _Watched) -> str | None:
             path = Path(root, name)
             before = watched.files.get(path)
             if before is None:
-                path.unlink(missing_ok=True)
+                if act:
+                    path.unlink(missing_ok=True)
                 removed.append(path)
                 continue
             status = path.stat()
             if (status.st_size, status.st_mtime_ns) == before:
                 continue
-            if path in watched.content:
+            if path not in watched.content:
+                lost.append(path)
+                continue
+            if act:
                 path.write_bytes(watched.content[path])
                 os.utime(path, ns=(status.st_atime_ns, before[1]))
-                put_back.append(path)
-            else:
-                lost.append(path)
+            put_back.append(path)
     for root, folders, _ in sorted(os.walk(watched.folder), key=lambda entry: -len(Path(entry[0]).parts)):
         for name in folders:
             path = Path(root, name)
-            if path not in watched.folders:
+            if act and path not in watched.folders:
                 shutil.rmtree(path, ignore_errors=True)
     if not (removed or put_back or lost):
         return None
     said = [f"{len(removed)} new files removed"] if removed else []
     said += [f"{len(put_back)} changed files put back"] if put_back else []
     said += [f"rewritten and too large to put back: {', '.join(path.name for path in lost)}"] if lost else []
-    return f"{watched.folder}: written by the script before train(); {'; '.join(said)}"
+    return f"{watched.folder}: written by the script before train(); {'; '.join(said)} when the session ends"
