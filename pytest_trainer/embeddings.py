@@ -101,7 +101,9 @@ def check_split(trainer: Trainer, split: Any) -> None:
     count = f"{len(texts)} text column{'s' if len(texts) != 1 else ''} ({', '.join(texts) or 'none'})"
     if len(texts) < expects.texts or (expects.exact and len(texts) != expects.texts):
         wanted = f"{'exactly' if expects.exact else 'at least'} {expects.texts}"
-        raise diagnosis.PipelineFailure(
+        # Too few columns crash the loss; more than it reads train on the wrong pairs while training runs.
+        kind = diagnosis.PipelineFailure if len(texts) < expects.texts else diagnosis.Finding
+        raise kind(
             f"{name} takes {wanted} text columns, but the {split.description} dataset feeds {count}: every column but "
             f"the label ({', '.join(LABEL_COLUMNS)}) is encoded as a text, in order",
             f"give the dataset {wanted} text columns in the order {name} reads them (dataset.select_columns([...])), "
@@ -136,7 +138,7 @@ def _check_label_range(split: Any, loss: Any, expects: Expects, label: str) -> N
     first = int(bad[0])
     shown = f"{values.min():g} to {values.max():g}"
     wanted = "0 or 1" if expects.label == "binary" else f"{low:g} to {high:g}"
-    raise diagnosis.PipelineFailure(
+    raise diagnosis.Finding(
         f"{name} takes labels from {wanted} ({expects.why}), but the {split.description} dataset's {label!r} runs "
         f"from {shown} ({bad.size} rows outside; the first is row {dataset_row(table_row(first))}, "
         f"{label!r} {values[first]:g})",
@@ -257,7 +259,7 @@ def check_padded(trainer: Trainer, split: Any) -> str:
         compared = min(PADDED_TEXTS, len(by_length) - 1)
         return f"{compared} short texts: the same {what} alone and padded beside the longest"
     left = getattr(getattr(model, "tokenizer", None), "padding_side", "right") == "left"
-    raise diagnosis.PipelineFailure(
+    raise diagnosis.Finding(
         f"the {what} of {item!r} changes by {gap:.3g} (relative) when it is encoded beside a longer text and so "
         f"padded: the model reads the padding, so a text's {what} depends on the batch it is in"
         + (" (its tokenizer pads on the left, which shifts the positions of every padded text)" if left else ""),
