@@ -159,8 +159,9 @@ def test_graded_relevance_under_binary_cross_entropy_fails_dataset(project: pyte
                                    "rows = st.pairs(32)\n    rows['label'] = [float(i % 4) for i in range(32)]\n"
                                    "    train, test = Dataset.from_dict(rows), Dataset.from_dict(st.pairs(8))")
     assert graded != CROSS_ENCODER
-    result, _ = run(project, graded, "--trainer-stages=load,dataset")
+    result, _ = run(project, graded, "--trainer-stages=load,dataset,forward")
     assert failures(result) == ["dataset[cpu]"], result.stdout.str()[-4000:]
+    assert outcomes(result)["forward[cpu]"] == "PASSED"  # training runs: the finding blocks nothing
     result.stdout.fnmatch_lines([
         "*dataset[[]cpu[]] failed: BinaryCrossEntropyLoss takes labels from 0 to 1 (binary cross-entropy takes targets "
         "between 0 and 1), but the training dataset's 'label' runs from 0 to 3 (16 rows outside; the first is row 2, "
