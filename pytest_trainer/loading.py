@@ -54,7 +54,7 @@ class _Capture:
     """Which Trainers the script built, which one it asked to train, and how its data was sampled."""
 
     def __init__(self, folders: user_files.UserFolders) -> None:
-        #: The output folders the script named, put back as they were after it ran.
+        #: What the script writes into the user's tree (the output folders it names), put back when the session ends.
         self.folders = folders
         self.built: list[Trainer] = []
         self.started: Trainer | None = None

@@ -28,19 +28,20 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     from pytest_trainer import data_checks
 
     splits = [split for split in pipeline.splits if split.description != "training"]
+    result = StageResult("eval", device)
+    for split in splits:
+        data_checks.check_split(pipeline, split)
+        metrics = _evaluate(pipeline, device, split)
+        result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
+    # The evaluator the trainer runs beside its eval loss (sentence-transformers'), after the splits' own checks.
     model = pipeline.model_on(device)
     model.eval()
     evaluated = pipeline.family.evaluator(pipeline.trainer, model)
     if not splits and evaluated is None:
         pytest.skip("the Trainer has no eval_dataset")
-    result = StageResult("eval", device)
     if evaluated is not None:
         result.figures.update({f"evaluator_{name}": value for name, value in evaluated.items()})
         result.notes.append(f"the trainer's evaluator returned {', '.join(sorted(evaluated)) or 'no number'}")
-    for split in splits:
-        data_checks.check_split(pipeline, split)
-        metrics = _evaluate(pipeline, device, split)
-        result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
     return result
 
 
