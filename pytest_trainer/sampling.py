@@ -146,10 +146,12 @@ def entropy_share(model: Any, batch: Any) -> float | None:
 
     import torch
 
+    was_training = model.training
     try:
         prompt, completion = batch["prompt_ids"], batch["completion_ids"]
         ids = torch.cat([prompt, completion], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        model.eval()  # the policy's own distribution, without dropout
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask).logits[:, prompt.size(1) - 1:-1].float()
         entropy = -(logits.log_softmax(-1) * logits.softmax(-1)).sum(-1)
@@ -157,6 +159,8 @@ def entropy_share(model: Any, batch: Any) -> float | None:
         return float(entropy[kept].mean()) / math.log(logits.size(-1)) if kept.any() else None
     except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
         return None
+    finally:
+        model.train(was_training)
 
 
 def has_advantage(batch: Any) -> bool:
