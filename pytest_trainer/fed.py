@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 STORED_ROWS = 10_000
 #: Rows transformed at once when a split's samples come from a transform.
 TRANSFORM_BATCH = 64
+#: Stored columns that hold a row as its author wrote it (a conversation, a prompt and its answer, a text).
+STORED_TEXT = ("messages", "prompt", "completion", "tools", "text")
 
 
 class FedSplit:
@@ -157,6 +159,18 @@ class FedSplit:
             return [dict(self._python_samples[index]) for index in indices]
         with diagnosis.pipeline_part(f"the {self.description} dataset's transform"):
             return [dict(self.dataset[self.row(index)]) for index in indices]
+
+    def stored(self, indices: list[int]) -> list[dict[str, Any] | None]:
+        """The stored conversation of the samples at `indices` (positions in `table`): the columns of `STORED_TEXT`
+        the split holds, read as stored (before the Trainer drops any); None each where the split is no Arrow
+        dataset or holds none of them."""
+        import datasets
+
+        columns = [name for name in STORED_TEXT if name in (getattr(self.given, "column_names", None) or [])]
+        if not isinstance(self.given, datasets.Dataset) or not columns or not indices:
+            return [None] * len(indices)
+        rows = [self.row(index) for index in indices]
+        return list(tables.stored_rows(self.given, rows, columns).to_pylist())
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
@@ -350,15 +364,17 @@ class Batches:
         """Training samples as the collator receives them (`indices` are positions in the training table)."""
         return self._training().samples(indices)
 
-    def spread(self, rows: int) -> list[tuple[list[dict[str, Any]], dict[str, Any]]]:
-        """(samples, batch) of the script's batch size, collated by the Trainer's own collator on the CPU from rows
-        spread over the training split."""
+    def spread(self, rows: int) -> list[tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any] | None]]]:
+        """(samples, batch, stored) of the script's batch size, collated by the Trainer's own collator on the CPU
+        from rows spread over the training split; `stored`: each sample's stored conversation (`FedSplit.stored`)."""
         indices = self.positions(rows)
         size = max(1, int(self.trainer.args.train_batch_size))
         found = []
         for start in range(0, len(indices), size):
-            samples = self.rows(indices[start:start + size])
-            found.append((samples, self.collate([dict(sample) for sample in samples], "cpu")))
+            chosen = indices[start:start + size]
+            samples = self.rows(chosen)
+            found.append((samples, self.collate([dict(sample) for sample in samples], "cpu"),
+                          self._training().stored(chosen)))
         return found
 
     def positions(self, rows: int) -> list[int]:

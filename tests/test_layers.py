@@ -26,11 +26,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer.data_checks", "pytest_trainer.task_checks", "pytest_trainer.explanations",
      "pytest_trainer.strategies", "pytest_trainer.search", "pytest_trainer.memory", "pytest_trainer.accumulation",
      "pytest_trainer.reward_checks", "pytest_trainer.vision_text", "pytest_trainer.rank_checks",
-     "pytest_trainer.pictures"),
+     "pytest_trainer.pictures", "pytest_trainer.asked", "pytest_trainer.asked.checks"),
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
     ("pytest_trainer.families", "pytest_trainer.fed", "pytest_trainer.training", "pytest_trainer.losses",
      "pytest_trainer.adapters", "pytest_trainer.sampling", "pytest_trainer.processes",
-     "pytest_trainer.sharding", "pytest_trainer.embeddings"),  # trainer families, fed data, training runs, losses
+     "pytest_trainer.sharding", "pytest_trainer.embeddings", "pytest_trainer.asked.view"),  # trainer families, fed data, training runs, losses
     ("pytest_trainer.tasks",),  # what a task's labels and inputs are
     ("pytest_trainer.model_facts", "pytest_trainer.tables", "pytest_trainer.devices", "pytest_trainer.settings",
      "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack",

@@ -147,11 +147,14 @@ def test_sft_completion_only_packed_passes(lm_project: pytest.Pytester) -> None:
     check_passes(run_targets(lm_project, SFT_COMPLETION_ONLY))
 
 
-def test_sft_completion_only_unpacked_short_max_length_passes(lm_project: pytest.Pytester) -> None:
+def test_sft_completion_only_unpacked_short_max_length_cuts_the_answers(lm_project: pytest.Pytester) -> None:
     # Without packing, TRL 1.16 truncates in dataset preparation and drops the rows left with labels all -100
-    # ("Dropping fully masked examples"): the rows that are fed all carry a supervised token. No false alarm.
+    # ("Dropping fully masked examples"): the rows that are fed all carry a supervised token, but most answers lose
+    # their end (and their end token) to max_length=8: the model learns to break off. The length named keeps them.
     result = run_targets(lm_project, cut(SFT_COMPLETION_ONLY).replace("packing=True", "packing=False"))
-    check_passes(result)
+    check_fails(result, "*sampled answers are cut by max_length=8 before their end; max_length=* keeps every "
+                        "sampled row whole*", "*fix: raise max_length to *")
+    result.stdout.no_fnmatch_line("*no supervised token*")
 
 
 def test_sft_completion_only_packed_prompt_filling_max_length_fails(lm_project: pytest.Pytester) -> None:
@@ -349,15 +352,15 @@ def test_a_packed_rows_padding_tail_is_not_a_sequence() -> None:
     padding after the last sequence has no label, and no supervised token is missing from it (recorded shape)."""
     import numpy as np
 
-    from pytest_trainer.stages.targets import _rows
+    from pytest_trainer.asked.view import rows_of
 
     pad = 0
     ids = np.array([[5, 6, 7, 8, 9, 10, pad, pad]])
     labels = np.array([[-100, 6, 7, -100, 9, 10, -100, -100]])
     positions = np.array([[0, 1, 2, 0, 1, 2, 0, 1]])
     batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
-    rows = _rows(batch, [{}, {}], pad)
+    rows = rows_of(batch, [{}, {}], [], pad)
     assert [row.ids.tolist() for row in rows] == [[5, 6, 7], [8, 9, 10]]
     assert all(row.trained.any() for row in rows)
     # Without the pad id, the tail is a third sequence, and nothing in it is trained.
-    assert len(_rows(batch, [{}, {}])) == 3
+    assert len(rows_of(batch, [{}, {}], [])) == 3

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, tasks
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
-from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from pytest_trainer.asked.view import Asked
     from pytest_trainer.families import Family
     from pytest_trainer.pipeline import Pipeline
     from pytest_trainer.tasks import Task
@@ -27,40 +27,55 @@ if TYPE_CHECKING:
 SAMPLED_ROWS = 64
 #: Labels count as shifted by hand when this share of them equals the next input token, and under half the same one.
 SHIFTED = 0.9
-#: Batch keys that mark the completion (or the assistant's turns) under a completion-only loss.
-COMPLETION_MASKS = ("completion_mask", "assistant_masks")
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
+    from pytest_trainer.asked import checks
+    from pytest_trainer.asked.view import Asked, rows_of
+
     if pipeline.task.labels == tasks.REWARD:
         return rewards(pipeline, device)
-    collated = [(_numpy(batch), samples) for samples, batch in pipeline.batches.spread(SAMPLED_ROWS)]
+    collated = [(_numpy(batch), samples, stored) for samples, batch, stored in pipeline.batches.spread(SAMPLED_ROWS)]
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
     pad = getattr(getattr(tokenizer, "tokenizer", tokenizer), "pad_token_id", None)
-    rows = [row for batch, samples in collated if "labels" in batch and "input_ids" in batch
-            for row in _rows(batch, samples, pad)]
+    rows = [row for batch, samples, stored in collated if "labels" in batch and "input_ids" in batch
+            for row in rows_of(batch, samples, stored, pad)]
     if not rows:
         pytest.skip("the collated batches carry no labels of token ids: the model computes no loss from them to audit")
+    asked = Asked(pipeline.trainer, pipeline.model, rows)
     supervised = sum(int(row.trained.sum()) for row in rows)
-    real = sum(int(row.real.sum()) for row in rows)
+    real = sum(len(row) for row in rows)
     result = StageResult("targets", device, figures={
         "supervised_share": supervised / max(real, 1), "supervised_tokens": float(supervised),
         "rows_audited": float(len(rows)),
     })
     from pytest_trainer import vision_text  # image tokens: each row's count, and none of them supervised
 
-    figures, notes = vision_text.audit(pipeline, collated, SAMPLED_ROWS)
+    figures, notes = vision_text.audit(pipeline, [(batch, samples) for batch, samples, _ in collated], SAMPLED_ROWS)
     result.figures.update(figures)
     result.notes.extend(notes)
-    check_rows_supervised(pipeline, rows)
-    check_shift(pipeline, rows)
-    check_prompt_unlabelled(pipeline, rows)
-    eos_total, eos_trained = check_eos_supervised(pipeline, rows)
+    check_rows_supervised(asked)
+    check_shift(pipeline, asked)
+    check_prompt_unlabelled(asked)
+    ends: dict[str, tuple[int, int]] = {}
+    diagnosis.findings_last([
+        lambda: checks.check_doubled_bos(asked),
+        lambda: checks.check_prompt_as_asked(asked),
+        lambda: ends.update(answers=checks.check_answer_ends(asked, result.notes)),
+        lambda: ends.update(texts=checks.check_eos_of_texts(asked)),
+        lambda: checks.check_answers_trained(asked),
+    ])
+    eos_total, eos_trained = ends.get("texts", (0, 0))
+    answers, stopped = ends.get("answers", (0, 0))
     result.figures.update({"eos_tokens": float(eos_total), "eos_supervised": float(eos_trained)})
-    result.notes.append(f"{supervised} of {real} real tokens supervised ({supervised / max(real, 1):.0%}) "
-                        f"in {len(rows)} rows; end-of-sequence tokens supervised: {eos_trained} of {eos_total}")
+    line = (f"{supervised} of {real} real tokens supervised ({supervised / max(real, 1):.0%}) in {len(rows)} rows; "
+            f"end-of-sequence tokens supervised: {eos_trained} of {eos_total}")
+    if answers:
+        result.figures.update({"answers": float(answers), "answers_ending_on_a_stop_token": float(stopped)})
+        line += f"; answers ending on a token generation stops at: {stopped} of {answers}"
+    result.notes.append(line)
     return result
 
 
@@ -83,72 +98,13 @@ def rewards(pipeline: Pipeline, device: str) -> StageResult:
     return result
 
 
-class _Row:
-    """One sequence as collated: its token ids, which positions are real (not padding), and which are trained.
-
-    `prompt` marks the positions a completion-only loss must not train, where the batch or the dataset says so.
-    """
-
-    def __init__(self, ids: np.ndarray, labels: np.ndarray, real: np.ndarray, prompt: np.ndarray | None) -> None:
-        self.ids, self.labels, self.real, self.prompt = ids, labels, real, prompt
-        self.trained = (labels != IGNORE_INDEX) & real
-        self.trained[:1] = False  # a causal LM predicts from the previous token: position 0 is never a target
-
-
 def _numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
     return {key: value.detach().cpu().numpy() for key, value in batch.items() if hasattr(value, "detach")}
 
 
-def _rows(batch: dict[str, np.ndarray], samples: list[dict[str, Any]], pad: int | None = None) -> list[_Row]:
-    """The sequences of a batch: its rows, or in a packed batch the runs where position_ids restart at 0 (a run of
-    `pad` tokens alone, with no label, is the padding after the last one, not a sequence)."""
-    import numpy as np
-
-    ids, labels = batch["input_ids"], batch["labels"]
-    if ids.ndim != 2 or labels.shape != ids.shape:
-        return []
-    mask = batch.get("attention_mask")
-    real = mask.astype(bool) if mask is not None and mask.shape == ids.shape else np.ones_like(ids, dtype=bool)
-    completion = next((batch[key] for key in COMPLETION_MASKS if key in batch and batch[key].shape == ids.shape), None)
-    positions = batch.get("position_ids")
-    rows = []
-    for index in range(ids.shape[0]):
-        prompt = None if completion is None else ~completion[index].astype(bool)
-        if prompt is None and len(samples) == ids.shape[0]:
-            prompt = _masked_by_dataset(samples[index], ids[index], real[index])
-        starts = [0]
-        if positions is not None and positions.shape == ids.shape and len(samples) > ids.shape[0]:
-            starts = [int(start) for start in np.flatnonzero(positions[index] == 0)] or [0]
-        for start, end in zip(starts, [*starts[1:], ids.shape[1]], strict=True):
-            cut = slice(start, end)
-            if len(starts) > 1 and pad is not None and (ids[index, cut] == pad).all() and \
-                    (labels[index, cut] == IGNORE_INDEX).all():
-                continue
-            rows.append(_Row(ids[index, cut], labels[index, cut], real[index, cut].copy(),
-                             None if prompt is None else prompt[cut]))
-    return rows
-
-
-def _masked_by_dataset(sample: dict[str, Any], ids: np.ndarray, real: np.ndarray) -> np.ndarray | None:
-    """Positions whose label the dataset itself sets to -100 (a prompt), aligned with the collated row."""
-    import numpy as np
-
-    given_ids, given_labels = sample.get("input_ids"), sample.get("labels")
-    if given_ids is None or given_labels is None:
-        return None
-    given_ids, given_labels = np.asarray(given_ids).reshape(-1), np.asarray(given_labels).reshape(-1)
-    if given_ids.shape != given_labels.shape or not (given_labels == IGNORE_INDEX).any():
-        return None
-    offset = int(np.argmax(real)) if real.any() else 0  # left padding puts the sample after the pads
-    if offset + given_ids.size > ids.size or not (ids[offset:offset + given_ids.size] == given_ids).all():
-        return None  # the collator changed the tokens (truncated, packed): no alignment to compare
-    masked = np.zeros(ids.shape, dtype=bool)
-    masked[offset:offset + given_ids.size] = given_labels == IGNORE_INDEX
-    return masked
-
-
-def check_rows_supervised(pipeline: Pipeline, rows: list[_Row]) -> None:
+def check_rows_supervised(asked: Asked) -> None:
     """Every row teaches something: a row whose labels are all -100 adds a loss of 0 (or NaN alone)."""
+    rows = asked.rows
     empty = [index for index, row in enumerate(rows) if not row.trained.any()]
     if not empty:
         return
@@ -158,16 +114,17 @@ def check_rows_supervised(pipeline: Pipeline, rows: list[_Row]) -> None:
         "teach nothing, and a batch of only such rows gives a loss of NaN",
         "check that the completion survives truncation (raise max_length, or truncate the prompt), and that the "
         "response or assistant marker of a completion-only loss matches the tokenized text",
-        [f"row as trained ([[...]] marks the supervised tokens): {marked(pipeline, row)}"],
+        [f"row as trained ([[...]] marks the supervised tokens): {asked.marked(row)}"],
     )
 
 
-def check_shift(pipeline: Pipeline, rows: list[_Row]) -> None:
+def check_shift(pipeline: Pipeline, asked: Asked) -> None:
     """Causal-LM labels are the inputs themselves, which the model shifts: shifted twice, it learns the next but one."""
     import numpy as np
 
     if not pipeline.task.shifts_labels:
         return
+    rows = asked.rows
     same = ahead = count = 0
     for row in rows:
         positions = np.flatnonzero(row.trained[:-1])
@@ -182,12 +139,13 @@ def check_shift(pipeline: Pipeline, rows: list[_Row]) -> None:
             "token after next",
             "set labels = input_ids (a copy, -100 on padding); DataCollatorForLanguageModeling(tokenizer, mlm=False) "
             "does this",
-            [f"row as trained: {marked(pipeline, row)}"],
+            [f"row as trained: {asked.marked(row)}"],
         )
 
 
-def check_prompt_unlabelled(pipeline: Pipeline, rows: list[_Row]) -> None:
+def check_prompt_unlabelled(asked: Asked) -> None:
     """Under a completion-only (or assistant-only) loss, no prompt token carries a label."""
+    rows = asked.rows
     leaked = [(row, int((row.trained & row.prompt).sum())) for row in rows if row.prompt is not None]
     leaked = [(row, count) for row, count in leaked if count]
     if not leaked:
@@ -200,49 +158,8 @@ def check_prompt_unlabelled(pipeline: Pipeline, rows: list[_Row]) -> None:
         "to write the prompt too",
         "keep the dataset's labels in the collator and pad them with -100 instead of copying input_ids (TRL's own "
         "collators do, with completion_only_loss=True or assistant_only_loss=True)",
-        [f"row as trained: {marked(pipeline, row)}"],
+        [f"row as trained: {asked.marked(row)}"],
     )
-
-
-def check_eos_supervised(pipeline: Pipeline, rows: list[_Row]) -> tuple[int, int]:
-    """Some real end-of-sequence token is a target, or the model never learns to stop."""
-    processor = getattr(pipeline.trainer, "processing_class", None)
-    tokenizer = getattr(processor, "tokenizer", processor)  # a multimodal processor holds the tokenizer
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if not isinstance(eos, int):
-        return 0, 0
-    total = trained = 0
-    for row in rows:
-        at_eos = (row.ids == eos) & row.real
-        at_eos[:1] = False
-        total += int(at_eos.sum())
-        trained += int((at_eos & row.trained).sum())
-    if total and not trained and any(row.trained.any() for row in rows):
-        row = next(row for row in rows if ((row.ids == eos) & row.real)[1:].any())
-        pad = getattr(tokenizer, "pad_token_id", None)
-        why = " (the tokenizer pads with the eos token, and the collator masks every pad id)" if pad == eos else ""
-        raise diagnosis.PipelineFailure(
-            f"no real end-of-sequence token is supervised (0 of {total} {getattr(tokenizer, 'eos_token', eos)!r} "
-            "tokens in "
-            f"{len(rows)} sampled rows carry a label){why}: the model never learns to stop",
-            "give the tokenizer a pad token of its own (tokenizer.pad_token = '<|pad|>' or an unused reserved token; "
-            "resize the embeddings if it is new), or keep the label of the final eos token",
-            [f"row as trained: {marked(pipeline, row)}"],
-        )
-    return total, trained
-
-
-def marked(pipeline: Pipeline, row: _Row, limit: int = 400) -> str:
-    """The row's real tokens as text, with [[...]] around the supervised ones."""
-    ids, trained = row.ids[row.real], row.trained[row.real]
-    parts, start = [], 0
-    for end in range(1, len(ids) + 1):
-        if end == len(ids) or trained[end] != trained[start]:
-            text = pipeline.decoded([int(token) for token in ids[start:end]]) or " ".join(map(str, ids[start:end]))
-            parts.append(f"[[{text}]]" if trained[start] else text)
-            start = end
-    shown = " ".join(parts)
-    return repr(shown if len(shown) <= limit else shown[:limit] + "...")
 
 
 def applies(task: Task, family: Family) -> str | None:

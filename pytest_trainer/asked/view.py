@@ -1,0 +1,253 @@
+"""The sampled training rows as the model is trained on them, beside what inference will ask and where it stops.
+
+Each `Row` is one sequence as collated by the Trainer's own collator, padding left out: its tokens, which are
+trained (a label other than -100), which the data marks as prompt, and, when the row is one stored sample whole,
+that stored sample (its conversation). `Asked` adds what inference reads from the saved files: the tokenizer's
+chat template (the prompt `apply_chat_template(messages[:-1], add_generation_prompt=True)` gives), the tokens
+generation stops at (`generation_config.eos_token_id`, else the tokenizer's eos), the token the template ends an
+assistant turn with, and the length the pipeline truncates to.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer.tasks import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Batch keys that mark the completion (or the assistant's turns) under a completion-only loss.
+COMPLETION_MASKS = ("completion_mask", "assistant_masks")
+#: Fields of an assistant message that hold what it says besides its content.
+ANSWER_FIELDS = ("reasoning_content", "reasoning", "thinking", "tool_calls")
+#: Texts of a probe conversation, to find what the template writes after an assistant turn.
+PROBE = ("Probe question?", "Probe answer.")
+
+
+@dataclass
+class Row:
+    """One trained sequence, padding left out."""
+
+    ids: np.ndarray
+    labels: np.ndarray
+    #: Positions a completion-only loss must not train, where the batch or the dataset says so (None: unknown).
+    prompt: np.ndarray | None = None
+    #: The sample as stored, when this row is that one sample whole (not packed with others); else None.
+    stored: Mapping[str, Any] | None = None
+    #: Whether the row came from a batch that packs samples into one sequence.
+    packed: bool = False
+    #: What marks the prompt: a batch key ("assistant_masks", "completion_mask"), "labels" (-100 in the dataset).
+    masked_by: str | None = None
+
+    def __post_init__(self) -> None:
+        self.trained = self.labels != IGNORE_INDEX
+        self.trained[:1] = False  # a causal LM predicts from the previous token: position 0 is never a target
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    @property
+    def answer_end(self) -> int | None:
+        """The position after the last trained token, or None when nothing is trained."""
+        import numpy as np
+
+        found = np.flatnonzero(self.trained)
+        return int(found[-1]) + 1 if found.size else None
+
+    @property
+    def has_prompt(self) -> bool:
+        """Whether some untrained tokens come before the trained ones (a prompt the loss leaves out)."""
+        import numpy as np
+
+        found = np.flatnonzero(self.trained)
+        return bool(found.size) and int(found[0]) > 1
+
+
+def rows_of(batch: Mapping[str, np.ndarray], samples: Sequence[Mapping[str, Any]],
+            stored: Sequence[Mapping[str, Any] | None], pad: int | None = None) -> list[Row]:
+    """The sequences of a collated batch: its rows, or in a packed batch the runs where position_ids restart at 0 (a
+    run of `pad` tokens alone, with no label, is the padding after the last one, not a sequence)."""
+    import numpy as np
+
+    ids, labels = batch["input_ids"], batch["labels"]
+    if ids.ndim != 2 or labels.shape != ids.shape:
+        return []
+    mask = batch.get("attention_mask")
+    real = mask.astype(bool) if mask is not None and mask.shape == ids.shape else np.ones_like(ids, dtype=bool)
+    key = next((key for key in COMPLETION_MASKS if key in batch and batch[key].shape == ids.shape), None)
+    completion = None if key is None else batch[key]
+    positions = batch.get("position_ids")
+    packed = len(samples) > ids.shape[0]
+    rows = []
+    for index in range(ids.shape[0]):
+        prompt = None if completion is None else ~completion[index].astype(bool)
+        masked_by = key
+        if prompt is None and len(samples) == ids.shape[0]:
+            prompt = _masked_by_dataset(samples[index], ids[index], real[index])
+            masked_by = None if prompt is None else "labels"
+        starts = [0]
+        if positions is not None and positions.shape == ids.shape and packed:
+            starts = [int(start) for start in np.flatnonzero(positions[index] == 0)] or [0]
+        for start, end in zip(starts, [*starts[1:], ids.shape[1]], strict=True):
+            cut = slice(start, end)
+            if len(starts) > 1 and pad is not None and (ids[index, cut] == pad).all() and \
+                    (labels[index, cut] == IGNORE_INDEX).all():
+                continue
+            keep = real[index, cut]
+            whole = stored[index] if not packed and len(stored) == ids.shape[0] else None
+            rows.append(Row(ids[index, cut][keep], labels[index, cut][keep],
+                            None if prompt is None else prompt[cut][keep], whole, packed, masked_by))
+    return rows
+
+
+def _masked_by_dataset(sample: Mapping[str, Any], ids: np.ndarray, real: np.ndarray) -> np.ndarray | None:
+    """Positions whose label the dataset itself sets to -100 (a prompt), aligned with the collated row."""
+    import numpy as np
+
+    given_ids, given_labels = sample.get("input_ids"), sample.get("labels")
+    if given_ids is None or given_labels is None:
+        return None
+    given_ids, given_labels = np.asarray(given_ids).reshape(-1), np.asarray(given_labels).reshape(-1)
+    if given_ids.shape != given_labels.shape or not (given_labels == IGNORE_INDEX).any():
+        return None
+    offset = int(np.argmax(real)) if real.any() else 0  # left padding puts the sample after the pads
+    if offset + given_ids.size > ids.size or not (ids[offset:offset + given_ids.size] == given_ids).all():
+        return None  # the collator changed the tokens (truncated, packed): no alignment to compare
+    masked = np.zeros(ids.shape, dtype=bool)
+    masked[offset:offset + given_ids.size] = given_labels == IGNORE_INDEX
+    return masked
+
+
+class Asked:
+    """The trained rows beside what inference asks: the chat template's prompt, the stop tokens, the truncation."""
+
+    def __init__(self, trainer: Any, model: Any, rows: list[Row]) -> None:
+        self.trainer, self.model, self.rows = trainer, model, rows
+        processor = getattr(trainer, "processing_class", None)
+        #: The tokenizer (a multimodal processor holds it), or None.
+        self.tokenizer: Any = getattr(processor, "tokenizer", processor) if processor is not None else None
+        self.bos = _int(getattr(self.tokenizer, "bos_token_id", None))
+        self.eos = _int(getattr(self.tokenizer, "eos_token_id", None))
+        self.pad = _int(getattr(self.tokenizer, "pad_token_id", None))
+
+    @functools.cached_property
+    def answers(self) -> list[Row]:
+        """The rows that answer a prompt: some tokens before the trained ones are left out of the loss, or the row is
+        a stored conversation. The other rows are texts (plain language modelling)."""
+        return [row for row in self.rows
+                if row.answer_end is not None and (row.has_prompt or self.conversation(row) is not None)]
+
+    @functools.cached_property
+    def generation_markers(self) -> bool:
+        """Whether the chat template marks the assistant's tokens with {% generation %} (an assistant-only loss)."""
+        return self.template is not None and "generation" in self.template and "endgeneration" in self.template
+
+    @functools.cached_property
+    def stops(self) -> dict[int, str]:
+        """The tokens generation stops at, each with the setting that says so: the model's generation config, else
+        its config, else the tokenizer's eos (what `generate` falls back to)."""
+        for owner, name in ((getattr(self.model, "generation_config", None), "generation_config.eos_token_id"),
+                            (getattr(self.model, "config", None), "config.eos_token_id")):
+            value = getattr(owner, "eos_token_id", None)
+            listed = value if isinstance(value, (list, tuple)) else [value]
+            found = [token for item in listed if (token := _int(item)) is not None]
+            if found:
+                return dict.fromkeys(found, name)
+        return {self.eos: "tokenizer.eos_token"} if self.eos is not None else {}
+
+    @functools.cached_property
+    def max_length(self) -> int | None:
+        """The length the collator or the trainer's arguments truncate to, where they say."""
+        for owner in (self.trainer.data_collator, self.trainer.args):
+            value = getattr(owner, "max_length", None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @functools.cached_property
+    def template(self) -> str | None:
+        """The chat template inference renders prompts with (the tokenizer's, saved with it), or None."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) and template else None
+
+    @functools.cached_property
+    def end_of_turn(self) -> int | None:
+        """The special token the chat template writes right after an assistant's answer, or None."""
+        if self.template is None:
+            return None
+        question, answer = PROBE
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], tokenize=False)
+            after = str(text).split(answer, 1)[1]
+            ids = self.tokenizer(after, add_special_tokens=False)["input_ids"]
+        except Exception:  # a template that wants other roles or fields: no end of turn is known
+            return None
+        special = set(getattr(self.tokenizer, "all_special_ids", None) or []) | set(
+            getattr(self.tokenizer, "added_tokens_decoder", None) or {})
+        first = next((int(token) for token in ids if not self.text(token).isspace()), None)
+        return first if first in special else None
+
+    def conversation(self, row: Row) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]] | None:
+        """(the prompt's messages, the answer message) of a row stored as a conversation that ends with the
+        assistant's answer (`messages`, or conversational `prompt` and `completion`), else None."""
+        stored = row.stored
+        if stored is None:
+            return None
+        messages: Any = stored.get("messages")
+        if _conversation(messages) and messages[-1].get("role") == "assistant" and len(messages) > 1:
+            return list(messages[:-1]), messages[-1]
+        prompt: Any = stored.get("prompt")
+        completion: Any = stored.get("completion")
+        if _conversation(prompt) and _conversation(completion) and len(completion) == 1:
+            return list(prompt), completion[0]
+        return None
+
+    def asked(self, row: Row) -> list[int] | None:
+        """The token ids inference gives the model for this row's answer: the chat template's prompt with the
+        generation header, as `apply_chat_template(messages[:-1], add_generation_prompt=True)` makes it."""
+        found = self.conversation(row)
+        if found is None or self.template is None:
+            return None
+        stored = row.stored or {}
+        tools = stored.get("tools")
+        try:
+            made = self.tokenizer.apply_chat_template(found[0], tools=tools or None, add_generation_prompt=True,
+                                                      tokenize=True)
+        except Exception:  # a template that cannot render the prompt alone: nothing to compare
+            return None
+        ids = made.get("input_ids") if isinstance(made, Mapping) else made
+        while isinstance(ids, list) and ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return [int(token) for token in ids] if isinstance(ids, list) else None
+
+    def text(self, ids: Any) -> str:
+        """The text of token ids (one or several), special tokens kept."""
+        if self.tokenizer is None:
+            return str(ids)
+        listed = [int(ids)] if isinstance(ids, int) or getattr(ids, "ndim", 1) == 0 else [int(i) for i in ids]
+        return str(self.tokenizer.decode(listed, skip_special_tokens=False))
+
+    def marked(self, row: Row, limit: int = 400) -> str:
+        """The row as text, with [[...]] around the trained tokens."""
+        parts, start = [], 0
+        for end in range(1, len(row) + 1):
+            if end == len(row) or row.trained[end] != row.trained[start]:
+                text = self.text(row.ids[start:end])
+                parts.append(f"[[{text}]]" if row.trained[start] else text)
+                start = end
+        shown = " ".join(parts)
+        return repr(shown if len(shown) <= limit else shown[:limit] + "...")
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _conversation(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(item, Mapping) and "role" in item
+                                                           for item in value)

@@ -1,0 +1,113 @@
+"""What the model is trained on against what it will be asked: the `targets` stage reads one view of the rows.
+
+Each bug has its correct twin; every script is TRL's SFTTrainer (or the plain Trainer) on the tiny chat models of
+`chat.py`, whose templates follow Llama 3, Qwen and Gemma. These need the `targets` stage; each test runs only
+`collate,targets`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trl  # noqa: F401
+from chat_scripts import CHAT, RENDERED, sft
+from conftest import failures, outcomes, run_script, write
+from transformers import DataCollatorForLanguageModeling, LlamaForCausalLM  # noqa: F401
+from trl import SFTConfig, SFTTrainer  # noqa: F401
+
+# The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
+
+STAGES = "--trainer-stages=collate,targets"
+#: The end of turn left out of the {% generation %} block of the Qwen-style template.
+EOT_OUTSIDE = ("tok.chat_template = tok.chat_template.replace(\"'<|im_end|>' }}{% endgeneration %}\", "
+               "\"'' }}{% endgeneration %}{{ '<|im_end|>' }}\")")
+#: A base model's tokenizer and generation stop at <|endoftext|>; the ChatML template ends turns with <|im_end|>.
+BASE_MODEL = ('tok.eos_token = "<|endoftext|>"\n    '
+              'chat.STYLES["qwen"] = (*chat.STYLES["qwen"][:4], ["<|endoftext|>"], chat.STYLES["qwen"][5])')
+#: A template that ignores the messages' reasoning_content.
+NO_REASONING = 'tok.chat_template = tok.chat_template.replace("{% if m.reasoning_content %}", "{% if false %}")'
+
+
+@pytest.fixture
+def chat_project(project: pytest.Pytester) -> pytest.Pytester:
+    project.makepyfile(chat=CHAT)
+    return project
+
+
+def run_targets(project: pytest.Pytester, source: str) -> pytest.RunResult:
+    write(project, "train.py", source)
+    return run_script(project, STAGES, "--trainer-report=report.json")
+
+
+def figures(project: pytest.Pytester) -> dict[str, float]:
+    items = json.loads((project.path / "report.json").read_text())["items"]
+    return next(item["figures"] for item in items if item["stage"] == "targets")
+
+
+def check_passes(result: pytest.RunResult) -> None:
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    assert outcomes(result).get("targets[cpu]") == "PASSED", (outcomes(result), result.stdout.str()[-6000:])
+
+
+def check_fails(result: pytest.RunResult, *patterns: str) -> None:
+    assert failures(result) == ["targets[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
+    result.stdout.fnmatch_lines([f"*targets[[]cpu[]] failed*{patterns[0]}", *patterns[1:]])
+
+
+@pytest.mark.parametrize("style", ["llama3", "qwen", "gemma"])
+def test_a_correct_chat_sft_of_each_family_passes(chat_project: pytest.Pytester, style: str) -> None:
+    # Gemma's tokenizer ends with <eos> but its turns with <end_of_turn>: generation stops at both (its generation
+    # config lists them), so answers that end on <end_of_turn> are answers that stop.
+    check_passes(run_targets(chat_project, sft(style)))
+    found = figures(chat_project)
+    assert found["answers"] == found["answers_ending_on_a_stop_token"] == 32, found
+
+
+def test_an_end_of_turn_outside_the_generation_block_is_named_with_the_template_fix(
+        chat_project: pytest.Pytester) -> None:
+    result = run_targets(chat_project, sft("qwen", EOT_OUTSIDE))
+    check_fails(result, "*32 of 32 sampled answers are followed by '<|im_end|>' but it carries no label*",
+                "*fix: move '<|im_end|>' inside the chat template's {% generation %}*")
+    result.stdout.no_fnmatch_line("*pad token of its own*")  # the tokenizer has one: not the cause
+
+
+def test_a_base_model_taught_an_end_of_turn_that_is_not_its_stop_token_is_named(chat_project: pytest.Pytester) -> None:
+    result = run_targets(chat_project, sft("qwen", BASE_MODEL))
+    check_fails(result, "*32 of 32 sampled answers end with '<|im_end|>', but generation stops at '<|endoftext|>' "
+                        "(generation_config.eos_token_id)*",
+                "*fix: make generation stop at '<|im_end|>': model.generation_config.eos_token_id = *")
+
+
+def test_a_base_model_told_to_stop_at_the_end_of_turn_passes(chat_project: pytest.Pytester) -> None:
+    # TRL's eos_token setting makes <|im_end|> the tokenizer's eos and adds it to the generation config's stops.
+    check_passes(run_targets(chat_project, sft("qwen", BASE_MODEL, args="eos_token='<|im_end|>'")))
+
+
+def test_reasoning_the_template_drops_is_named_and_one_it_renders_passes(chat_project: pytest.Pytester) -> None:
+    check_passes(run_targets(chat_project, sft("qwen", reasoning=True)))
+    result = run_targets(chat_project, sft("qwen", NO_REASONING, reasoning=True))
+    check_fails(result, "*the stored answers' reasoning_content (32 of 32 rows) are never trained*",
+                "*fix: use a chat template that renders reasoning_content*")
+
+
+def test_answers_cut_by_max_length_name_the_length_that_keeps_them(chat_project: pytest.Pytester) -> None:
+    result = run_targets(chat_project, sft("qwen", max_length=14))
+    check_fails(result, "*sampled answers are cut by max_length=14 before their end; max_length=* keeps every "
+                        "sampled row whole (they lose * tokens)*", "*fix: raise max_length to *")
+
+
+def test_a_template_rendered_to_text_and_tokenized_again_doubles_the_bos(chat_project: pytest.Pytester) -> None:
+    result = run_targets(chat_project, RENDERED.format(system="", tokenize=""))
+    check_fails(result, "*32 of 32 sampled rows begin with '<|begin_of_text|>' twice*",
+                "*fix: tokenize the rendered text with add_special_tokens=False*")
+    result = run_targets(chat_project, RENDERED.format(system="", tokenize=", add_special_tokens=False"))
+    check_passes(result)
+
+
+def test_rows_trained_on_another_prompt_than_inference_gives_are_named(chat_project: pytest.Pytester) -> None:
+    system = '[{"role": "system", "content": "the big dog"}] + '
+    result = run_targets(chat_project, RENDERED.format(system=system, tokenize=", add_special_tokens=False"))
+    check_fails(result, "*32 of 32 sampled conversations are trained on a prompt that differs from the one "
+                        "inference gives the model*", "*fix: build the training rows with the tokenizer's own chat "
+                        "template*", "*row as asked:*")
