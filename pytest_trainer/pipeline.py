@@ -163,6 +163,11 @@ class Pipeline:
         """The trainable parameters of `model` that differ from their starting values."""
         return self._starting_weights(model).changed(model)
 
+    def unmoved_weights(self, model: torch.nn.Module) -> list[tuple[str, int, int]]:
+        """Per trainable parameter below float32 precision: (name, elements a step left as they were, elements with a
+        gradient)."""
+        return self._starting_weights(model).unmoved(model)
+
     def _starting_weights(self, model: torch.nn.Module) -> Pristine:
         saved = self._pristine.get(id(model))
         if saved is None:

@@ -86,6 +86,26 @@ class Pristine:
                     found.append(name)
         return found
 
+    def unmoved(self, model: torch.nn.Module) -> list[tuple[str, int, int]]:
+        """(name, elements unchanged, elements with a gradient) of each trainable parameter of a precision below
+        float32 that has a gradient: an element the optimizer was asked to move but that kept its starting value."""
+        import torch
+
+        found = []
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if not parameter.requires_grad or parameter.grad is None or \
+                        parameter.dtype not in (torch.bfloat16, torch.float16):
+                    continue
+                value = self._read(name, parameter)
+                pushed = parameter.grad != 0
+                count = int(pushed.sum())
+                if value is None or not count:
+                    continue
+                kept = int(((value.to(parameter.device) == parameter) & pushed).sum())
+                found.append((name, kept, count))
+        return found
+
     def close(self) -> None:
         self._file.close()
 

@@ -13,6 +13,7 @@ import pytest
 import trl  # noqa: F401
 from chat_scripts import CHAT, RENDERED, sft
 from conftest import failures, outcomes, run_script, write
+from task_scripts import LM
 from transformers import DataCollatorForLanguageModeling, LlamaForCausalLM  # noqa: F401
 from trl import SFTConfig, SFTTrainer  # noqa: F401
 
@@ -111,3 +112,48 @@ def test_rows_trained_on_another_prompt_than_inference_gives_are_named(chat_proj
     check_fails(result, "*32 of 32 sampled conversations are trained on a prompt that differs from the one "
                         "inference gives the model*", "*fix: build the training rows with the tokenizer's own chat "
                         "template*", "*row as asked:*")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Weights whose updates vanish: a full fine-tune with the weights cast to bf16 and the Trainer's plain AdamW.
+
+BF16_WEIGHTS = """
+    import lm
+    import tiny
+    import torch
+    from datasets import Dataset
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    tok = lm.tokenizer()
+    data = Dataset.from_dict({{"text": tiny.sentences(32, seed=3)}})
+    data = data.map(lambda batch: tok(batch["text"]), batched=True, remove_columns=["text"])
+    model = lm.model(){cast}
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=1e-5, report_to=[],
+                             bf16={mixed})
+    trainer = Trainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    trainer.train()
+"""
+
+
+@pytest.fixture
+def lm_project(project: pytest.Pytester) -> pytest.Pytester:
+    project.makepyfile(lm=LM)
+    return project
+
+
+def test_bf16_weights_updated_in_place_are_named_and_fp32_weights_pass(lm_project: pytest.Pytester) -> None:
+    write(lm_project, "train.py", BF16_WEIGHTS.format(cast=".to(torch.bfloat16)", mixed=False))
+    result = run_script(lm_project, "--trainer-stages=step,padding")
+    assert failures(result) == ["step[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
+    result.stdout.fnmatch_lines([
+        "*step[[]cpu[]] failed: * of * bfloat16 weight elements with a gradient kept their value after one step at "
+        "learning rate 1e-05 (* tensors did not move, e.g. *norm*",
+        "*fix: keep the trainable weights in float32*",
+    ])
+    # The padding property reads the same bf16 model: its tolerance follows the weights' precision (no false alarm).
+    assert outcomes(result)["padding[cpu]"] == "PASSED", result.stdout.str()[-6000:]
+
+    write(lm_project, "train.py", BF16_WEIGHTS.format(cast="", mixed=True))
+    result = run_script(lm_project, "--trainer-stages=step,padding")
+    assert failures(result) == [], result.stdout.str()[-6000:]

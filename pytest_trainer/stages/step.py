@@ -1,8 +1,9 @@
-"""`step`: the Trainer's own optimizer and scheduler take one step that changes the weights."""
+"""`step`: the Trainer's own optimizer and scheduler take one step that changes the weights, and keeps its updates
+(weights in bf16 or fp16 updated in place lose an update below half their rounding step)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
 from pytest_trainer.stages.base import Stage, StageResult
@@ -10,6 +11,11 @@ from pytest_trainer.training import non_finite
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
+
+#: A step that leaves this share of the elements it pushed (a gradient other than 0) where they were spoils training.
+LOST = 0.5
+#: A tensor with this share of its pushed elements unchanged did not move.
+STUCK = 0.9
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
@@ -34,7 +40,39 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "lower the learning rate, clip gradients (max_grad_norm), or look for NaN inputs",
         )
     result.figures.update({"learning_rate": float(run.peak), "parameters_changed": float(len(changed))})
+    check_updates_kept(pipeline, model, run.peak, result)
     return result
+
+
+def check_updates_kept(pipeline: Pipeline, model: Any, rate: float, result: StageResult) -> None:
+    """Weights held in bf16 or fp16 and updated in place keep an update only above half their rounding step (2**-8 of
+    the weight in bf16): at fine-tuning rates most of them, and every norm weight near 1, never move."""
+    unmoved = pipeline.unmoved_weights(model)
+    pushed = sum(count for _, _, count in unmoved)
+    if not pushed:
+        return
+    kept = sum(same for _, same, _ in unmoved)
+    stuck = [(name, same / count) for name, same, count in unmoved if same >= STUCK * count]
+    result.figures.update({"low_precision_updates_lost": kept / pushed})
+    dtype = str(next(parameter.dtype for parameter in model.parameters() if parameter.requires_grad)).split(".")[-1]
+    line = (f"{kept} of {pushed} {dtype} weight elements with a gradient kept their value after one step at learning "
+            f"rate {rate:g} ({len(stuck)} of {len(unmoved)} tensors did not move, e.g. "
+            f"{', '.join(name for name, _ in stuck[:3]) or 'none'})")
+    if kept < LOST * pushed:
+        result.notes.append(line)
+        return
+    raise diagnosis.Finding(
+        f"{line}: the trainable weights are {dtype} and the optimizer updates them in place, so an update below half "
+        f"a weight's rounding step ({dtype} keeps about {_digits(dtype)} significant bits) rounds away and training "
+        "barely moves them",
+        "keep the trainable weights in float32 (load the model with torch_dtype=torch.float32, or call model.float()) "
+        "and train with bf16=True: autocast computes in bf16 while the optimizer updates float32 weights; or use an "
+        "optimizer that keeps float32 master weights",
+    )
+
+
+def _digits(dtype: str) -> int:
+    return {"bfloat16": 8, "float16": 11}.get(dtype, 24)
 
 
 STAGE = Stage("step", rank=60, run=run, needs=("backward",))
