@@ -101,3 +101,17 @@ def logits_of(outputs: Any) -> Any:
     else:
         logits = None
     return logits if torch.is_tensor(logits) else None
+
+
+#: In weights of lower precision than float32, outputs may differ by this many of their rounding steps (bf16 rounds to
+#: 2**-8 of a value, fp16 to 2**-11) between two computations of the same thing (two sequence lengths, say).
+ROUNDING_STEPS = 8
+
+
+def output_tolerance(model: Any, float32: float) -> float:
+    """The relative difference allowed between two computations of the same outputs of `model`: `float32` for float32
+    weights, a few rounding steps of its weights' precision where that is coarser."""
+    import torch
+
+    dtype = next((parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()), None)
+    return max(float32, ROUNDING_STEPS * torch.finfo(dtype).eps) if dtype is not None else float32

@@ -157,3 +157,72 @@ def test_bf16_weights_updated_in_place_are_named_and_fp32_weights_pass(lm_projec
     write(lm_project, "train.py", BF16_WEIGHTS.format(cast="", mixed=True))
     result = run_script(lm_project, "--trainer-stages=step,padding")
     assert failures(result) == [], result.stdout.str()[-6000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Packed rows whose documents attend to each other: position_ids restart at each, the attention mask is all ones.
+
+PACKED = """
+    import lm
+    import tiny
+    import torch
+    from datasets import Dataset
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    tok = lm.tokenizer()
+    data = Dataset.from_dict({{"text": [text + " [SEP]" for text in tiny.sentences(32, seed=4)]}})
+    data = data.map(lambda batch: tok(batch["text"]), batched=True, remove_columns=["text"])
+
+
+    def pack(rows):
+        ids = [token for row in rows for token in row["input_ids"]]
+        positions = [index for row in rows for index in range(len(row["input_ids"]))]
+        batch = {{"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([positions]),
+                 "labels": torch.tensor([ids])}}
+        {mask}
+        return batch
+
+
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to=[], bf16=False)
+    trainer = Trainer(model=lm.model(), args=args, train_dataset=data, processing_class=tok, data_collator={collator})
+    trainer.train()
+"""
+#: The hand-written packer's attention mask of ones over the whole packed row.
+MASK_OF_ONES = 'batch["attention_mask"] = torch.ones_like(batch["input_ids"])'
+
+PACKED_SFT = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    data = Dataset.from_dict({"text": tiny.sentences(32, seed=4)})
+    args = SFTConfig(output_dir="out", packing=True, max_length=32, bf16=False, per_device_train_batch_size=4,
+                     report_to=[])
+    trainer = SFTTrainer(lm.model(), args=args, train_dataset=data, processing_class=lm.tokenizer())
+    trainer.train()
+"""
+
+
+def test_packed_documents_under_a_mask_of_ones_attend_to_each_other(lm_project: pytest.Pytester) -> None:
+    write(lm_project, "train.py", PACKED.format(mask=MASK_OF_ONES, collator="pack"))
+    result = run_script(lm_project, "--trainer-stages=forward")
+    assert failures(result) == ["forward[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
+    result.stdout.fnmatch_lines([
+        "*forward[[]cpu[]] failed: packed documents attend to each other: document 2 of the first packed row "
+        "(tokens * to *) gets logits that differ by * from the same document alone, because the batch's "
+        "attention_mask is ones over the whole packed row*",
+        "*fix: leave attention_mask out of packed batches and pass position_ids*",
+    ])
+
+
+@pytest.mark.parametrize("source", [PACKED.format(mask="pass", collator="pack"),
+                                    PACKED.format(mask="pass", collator="DataCollatorWithFlattening()"),
+                                    PACKED_SFT], ids=["no-mask", "flattening", "trl-bfd"])
+def test_packed_documents_kept_apart_pass(lm_project: pytest.Pytester, source: str) -> None:
+    write(lm_project, "train.py", source)
+    result = run_script(lm_project, "--trainer-stages=forward", "--trainer-report=report.json")
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
+             for note in item["notes"]]
+    assert any(note.startswith("packed documents kept apart") for note in notes), notes

@@ -1,4 +1,5 @@
-"""`forward`: the model on the device takes the batch and returns a finite scalar loss."""
+"""`forward`: the model on the device takes the batch and returns a finite scalar loss; in a packed batch, each
+document's logits are those it gets alone (documents kept apart)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if classes:
         result.notes.append(f"loss at init {value:.3f}; a fresh {classes}-class head gives about ln {classes} = "
                             f"{math.log(classes):.3f}")
+    from pytest_trainer.asked import packing
+
+    apart = packing.check_documents_apart(model, batch)
+    if apart:
+        result.notes.append(apart)
     return result
 
 

@@ -25,19 +25,6 @@ if TYPE_CHECKING:
 #: Largest difference allowed between padded and unpadded outputs, relative to the largest logit (at
 #: least 1): float32 noise between sequence lengths is far below it, leaked padding far above it.
 TOLERANCE = 1e-4
-#: In weights of lower precision, the tolerance is this many of their rounding steps (bf16 rounds to 2**-8 of a
-#: value, fp16 to 2**-11): a model computing in bf16 differs by a few of them between two lengths.
-ROUNDING_STEPS = 8
-
-
-def tolerance(model: Any) -> float:
-    """The relative difference allowed between padded and unpadded outputs of `model`, from its weights' precision."""
-    import torch
-
-    dtype = next((parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()), None)
-    return max(TOLERANCE, ROUNDING_STEPS * torch.finfo(dtype).eps) if dtype is not None else TOLERANCE
-
-
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
@@ -111,11 +98,11 @@ def compare(pipeline: Pipeline, model: Any, batch: dict[str, Any], model_input: 
         if padded_logits.dim() >= 3 and padded_logits.shape[1] == width and task.along_sequence("labels"):
             padded_logits = padded_logits[:, real]
         gap = float((padded_logits.float() - alone_logits.float()).abs().max())
-        if gap > tolerance(model) * max(1.0, float(alone_logits.float().abs().max())):
+        if gap > model_facts.output_tolerance(model, TOLERANCE) * max(1.0, float(alone_logits.float().abs().max())):
             raise _changed(pipeline, padded, model_input, row, length, width, f"logits differ by {gap:.3g}")
     if padded_loss is not None and alone_loss is not None and has_targets(alone, pipeline.task):
         gap = abs(float(padded_loss) - float(alone_loss))
-        if gap > tolerance(model) * max(1.0, abs(float(alone_loss))):
+        if gap > model_facts.output_tolerance(model, TOLERANCE) * max(1.0, abs(float(alone_loss))):
             raise _changed(pipeline, padded, model_input, row, length, width,
                            f"the loss differs ({float(alone_loss):.5g} alone, {float(padded_loss):.5g} padded)")
 

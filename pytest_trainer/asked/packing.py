@@ -1,0 +1,87 @@
+"""Packed rows as the model attends to them: each document by itself, as inference will see it.
+
+A packing collator puts several documents in one row and restarts `position_ids` at each; the model must keep each
+document's attention within it, or it trains on contexts (the end of another conversation) it will never be given.
+transformers separates the documents from `position_ids` only when no attention_mask is passed (flash attention
+reads the boundaries it is given); an attention mask of ones over the row lets every token see the documents before
+it. The check compares what the model computes for one packed document with the same document alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytest_trainer import diagnosis, model_facts
+
+if TYPE_CHECKING:
+    import torch
+
+#: Largest difference allowed between a packed document's logits and its own alone, relative to the largest logit
+#: (at least 1), in float32: the same computation at two lengths differs far less, leaked attention far more.
+TOLERANCE = 1e-4
+#: Batch keys the check passes to the model (the others are labels, masks of the loss, or unknown to it: skipped).
+INPUTS = ("input_ids", "attention_mask", "position_ids")
+#: Keys that mark which tokens are trained, which the model does not take.
+LOSS_KEYS = ("labels", "completion_mask", "assistant_masks")
+#: Batch keys of the documents' boundaries a packing collator passes to flash attention.
+BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_lengths", "cu_seqlens",
+                 "seq_idx")
+
+
+def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any]) -> str | None:
+    """Raise a finding where a packed document's logits differ from the same document alone; return a note (or None
+    where the batch packs nothing this check can read)."""
+    import torch
+
+    ids, positions = batch.get("input_ids"), batch.get("position_ids")
+    if not torch.is_tensor(ids) or not torch.is_tensor(positions) or ids.dim() != 2 or positions.shape != ids.shape:
+        return None
+    if set(batch) - {*INPUTS, *LOSS_KEYS, *BOUNDARY_KEYS}:
+        return None  # other inputs (images, token types) this check does not know how to cut
+    starts = [int(start) for start in torch.nonzero(positions[0] == 0).flatten()]
+    ends = [*starts[1:], ids.shape[1]]
+    documents = [(start, end) for start, end in zip(starts, ends, strict=True) if end - start > 1]
+    if len(documents) < 2 or documents[1][0] == 0:
+        return None
+    start, end = documents[1]
+    given = {key: value[:1] for key, value in batch.items() if key in INPUTS and torch.is_tensor(value)}
+    if ids.shape[0] == 1:  # the boundaries describe the whole (one-row) batch
+        given.update({key: value for key, value in batch.items() if key in BOUNDARY_KEYS})
+    alone = {"input_ids": ids[:1, start:end], "position_ids": positions[:1, start:end]}
+    if "attention_mask" in given:
+        alone["attention_mask"] = torch.ones_like(alone["input_ids"])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), diagnosis.pipeline_part("the model's forward on a packed row"):
+            packed_logits = model_facts.logits_of(model(**given))
+            alone_logits = model_facts.logits_of(model(**alone))
+    finally:
+        model.train(was_training)
+    if packed_logits is None or alone_logits is None or packed_logits.dim() != 3:
+        return None
+    inside = packed_logits[:1, start:end].float()
+    gap = float((inside - alone_logits.float()).abs().max())
+    scale = max(1.0, float(alone_logits.float().abs().max()))
+    note = (f"packed documents kept apart: document 2 of the first packed row (tokens {start} to {end}) gets the "
+            f"same logits alone (largest difference {gap:.3g})")
+    if gap <= model_facts.output_tolerance(model, TOLERANCE) * scale:
+        return note
+    mask = batch.get("attention_mask")
+    if torch.is_tensor(mask) and bool((mask[0, :end] == 1).all()):
+        why = ("the batch's attention_mask is ones over the whole packed row, so each token attends to the documents "
+               "before it (transformers separates documents by their position_ids only when no attention_mask is "
+               "given)")
+        fix = ("leave attention_mask out of packed batches and pass position_ids (as TRL's padding_free collator and "
+               "DataCollatorWithFlattening do), or give flash attention the documents' boundaries (cu_seq_lens)")
+    else:
+        implementation = getattr(getattr(model, "config", None), "_attn_implementation", None) or "its attention"
+        why = f"the model's attention ({implementation}) does not keep to the documents' boundaries"
+        fix = ("use an attention implementation that reads the packed boundaries (flash_attention_2 with position_ids, "
+               "or sdpa with no attention_mask), or turn packing off")
+    raise diagnosis.Finding(
+        f"packed documents attend to each other: document 2 of the first packed row (tokens {start} to {end}) gets "
+        f"logits that differ by {gap:.3g} from the same document alone, because {why}; the model is trained on "
+        "contexts inference never gives it",
+        fix,
+    )
