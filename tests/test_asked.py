@@ -226,3 +226,46 @@ def test_packed_documents_kept_apart_pass(lm_project: pytest.Pytester, source: s
     notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
              for note in item["notes"]]
     assert any(note.startswith("packed documents kept apart") for note in notes), notes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Preference pairs with nothing left to prefer: a long shared start, and max_length cutting before the answers differ.
+
+DPO_LORA = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import DPOConfig, DPOTrainer
+
+    prompts = tiny.sentences(32, seed=3, shortest=2, longest=6)
+    shared = " the big red dog sat on the mat under the tree and"
+    data = Dataset.from_dict({{"prompt": prompts,
+                              "chosen": [shared + " " + " ".join(p.split()[::-1]) for p in prompts],
+                              "rejected": [shared + " " + " ".join(p.split()[::-1]) + " bird" for p in prompts]}})
+    args = DPOConfig(output_dir="out", bf16=False, per_device_train_batch_size=4, max_length={max_length},
+                     report_to=[])
+    # LoRA and no reference model: the reference is the model with its adapters off.
+    trainer = DPOTrainer(lm.model(), args=args, train_dataset=data, processing_class=lm.tokenizer(),
+                         peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    trainer.train()
+"""
+
+
+def test_preference_pairs_cut_before_they_differ_are_named(lm_project: pytest.Pytester) -> None:
+    write(lm_project, "train.py", DPO_LORA.format(max_length=14))
+    result = run_script(lm_project, "--trainer-stages=collate,targets")
+    assert failures(result) == ["targets[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
+    result.stdout.fnmatch_lines([
+        "*targets[[]cpu[]] failed: 32 of 32 sampled preference pairs have the same chosen and rejected tokens once "
+        "cut at max_length=14: they first differ at token * to * of the stored pair*",
+        "*fix: raise max_length to at least *",
+    ])
+
+
+def test_dpo_with_lora_and_no_reference_model_passes(lm_project: pytest.Pytester) -> None:
+    write(lm_project, "train.py", DPO_LORA.format(max_length=64))
+    result = run_script(lm_project, "--trainer-stages=collate,targets,forward,backward,step", "--trainer-report=report.json")
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    assert outcomes(result)["targets[cpu]"] == "PASSED"
+    assert figures(lm_project)["pairs_the_same"] == 0

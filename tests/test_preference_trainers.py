@@ -56,7 +56,6 @@ SCRIPTS = {
 }
 #: The items a preference pipeline without an evaluation split skips, and why.
 SKIPPED = {
-    "targets": "preference pairs: no causal-LM supervision to audit",
     "eval": "the Trainer has no eval_dataset",
     "labels": "preference pairs have no label column",
     "lengths": "preference pairs are tokenized and padded by the trainer itself",
@@ -70,11 +69,16 @@ def test_a_preference_trainer_passes_every_item_that_applies(project: pytest.Pyt
     write(project, "train.py", SCRIPTS[trainer])
     result = run_script(project, "--trainer-report=report.json", "-W", "ignore::UserWarning")
     assert failures(result) == [], result.stdout.str()[-4000:]
-    expected = {f"{item}[cpu]": "SKIPPED" if item in SKIPPED else "PASSED" for item in ITEMS}
+    # KTO's preferences are unpaired (one answer and a label): there is no chosen and rejected pair to compare.
+    skipped = {**SKIPPED, "targets": "no chosen and rejected answers side by side"} if trainer == "kto" else SKIPPED
+    expected = {f"{item}[cpu]": "SKIPPED" if item in skipped else "PASSED" for item in ITEMS}
     assert outcomes(result) == expected
     report = json.loads((project.path / "report.json").read_text())["items"]
     reasons = {item["stage"]: item["reason"] for item in report if item["outcome"] == "skipped"}
-    assert {stage: SKIPPED[stage] in reason for stage, reason in reasons.items()} == dict.fromkeys(SKIPPED, True)
+    assert {stage: skipped[stage] in reason for stage, reason in reasons.items()} == dict.fromkeys(skipped, True)
+    if trainer != "kto":
+        targets = next(item for item in report if item["stage"] == "targets")
+        assert targets["figures"]["pairs_audited"] == 32 and targets["figures"]["pairs_the_same"] == 0, targets
     forward = next(item for item in report if item["stage"] == "forward")
     assert any(note.startswith("preference batch: ") for note in forward["notes"]), forward
 

@@ -37,6 +37,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     if pipeline.task.labels == tasks.REWARD:
         return rewards(pipeline, device)
+    if pipeline.task.labels == tasks.PREFERENCE:
+        return preferences(pipeline, device)
     collated = [(_numpy(batch), samples, stored) for samples, batch, stored in pipeline.batches.spread(SAMPLED_ROWS)]
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
     pad = getattr(getattr(tokenizer, "tokenizer", tokenizer), "pad_token_id", None)
@@ -76,6 +78,25 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         result.figures.update({"answers": float(answers), "answers_ending_on_a_stop_token": float(stopped)})
         line += f"; answers ending on a token generation stops at: {stopped} of {answers}"
     result.notes.append(line)
+    return result
+
+
+def preferences(pipeline: Pipeline, device: str) -> StageResult:
+    """Preference training learns from the difference between chosen and rejected answers, as truncated."""
+    import pytest
+
+    from pytest_trainer.asked import pairs
+    from pytest_trainer.asked.view import Asked
+
+    found = [(chosen, rejected, sample) for samples, batch, _ in pipeline.batches.spread(SAMPLED_ROWS)
+             for (chosen, rejected), sample in zip(pairs.answers(_numpy(batch), len(samples)), samples, strict=False)]
+    if not found:
+        pytest.skip("the preference batches hold no chosen and rejected answers side by side to compare (unpaired "
+                    "preferences, or a layout this stage does not read)")
+    result = StageResult("targets", device, figures={"pairs_audited": float(len(found))})
+    asked = Asked(pipeline.trainer, pipeline.model, [])
+    pairs.check_pairs_differ(found, asked.max_length, asked.text, result.notes)
+    result.figures["pairs_the_same"] = float(sum(chosen == rejected for chosen, rejected, _ in found))
     return result
 
 
@@ -163,7 +184,7 @@ def check_prompt_unlabelled(asked: Asked) -> None:
 
 
 def applies(task: Task, family: Family) -> str | None:
-    if (task.labels == tasks.TOKEN_IDS and task.shifts_labels) or task.labels == tasks.REWARD:
+    if (task.labels == tasks.TOKEN_IDS and task.shifts_labels) or task.labels in (tasks.REWARD, tasks.PREFERENCE):
         return None
     return f"{task.name}: no causal-LM supervision to audit (the dataset stage checks these labels)"
 
