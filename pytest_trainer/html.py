@@ -202,6 +202,12 @@ def _rows(rows: list[dict[str, Any]]) -> str:
             after.append(f"{int(row['cut'])} more tokens not shown")
         target = (f"<div style='margin-top:3px'>target: <b class='target' style='{_MONO}'>"
                   f"{escape(str(row['target']))}</b></div>" if "target" in row else "")
+        if "asked" in row:
+            asked = "".join(f"<span class='asked-token' style='{_INPUT}'>{escape(_visible(str(token)))}</span>"
+                            + ("<br>" if "\n" in str(token) else "<wbr>") for token in row["asked"])
+            target += ("<div style='margin-top:3px;color:#777;font-size:12px'>the same conversation as inference "
+                       "prompts it (apply_chat_template(messages[:-1], add_generation_prompt=True)):</div>"
+                       f"<div class='asked' style='{_MONO};line-height:22px'>{asked}</div>")
         shown.append(
             f"<div class='row' style='border:1px solid #e3e3e3;border-radius:5px;padding:5px 8px;margin:6px 0'>"
             f"<div style='color:#777;font-size:12px'>row {number}"
@@ -378,6 +384,7 @@ def _rewards(picture: dict[str, Any]) -> str:
 #: Picture name -> (title, drawing), in the order the pipeline's stages run.
 _DRAWINGS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "rows": ("rows of the first batch, as the model is fed them", _rows),
+    "asked": ("rows as trained, each beside the prompt inference gives the model", _rows),
     "rewards": ("total reward of each completion, group by group", _rewards),
     "loss_curve": ("overfitting one batch: the loss per step", _loss_curve),
     "memory": ("memory of one training step, forecast by part", _memory),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pytest_trainer.asked.view import Asked
     from pytest_trainer.pipeline import Pipeline
 
 #: Rows of the first batch shown, and tokens shown of each.
@@ -42,6 +43,31 @@ def batch_rows(pipeline: Pipeline, batch: dict[str, Any], rows: int = ROWS) -> l
         if len(row[keep]) > TOKENS:
             picture["cut"] = int(len(row[keep]) - TOKENS)
         shown.append(picture)
+    return shown
+
+
+def trained_and_asked(asked: Asked, rows: int = 2) -> list[dict[str, Any]]:
+    """The first sampled rows of stored conversations as trained (the trained tokens marked), each beside the prompt
+    inference gives the model for the same conversation (`asked`: its tokens)."""
+    tokenizer = asked.tokenizer
+    if not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
+        return []
+    shown: list[dict[str, Any]] = []
+    for row in asked.rows:
+        prompt = asked.asked(row)
+        if prompt is None:
+            continue
+        ids = [int(token) for token in row.ids[:TOKENS]]
+        picture: dict[str, Any] = {
+            "tokens": [_shown(tokenizer, token) for token in tokenizer.convert_ids_to_tokens(ids)],
+            "trained": [bool(value) for value in row.trained[:TOKENS].tolist()],
+            "asked": [_shown(tokenizer, token) for token in tokenizer.convert_ids_to_tokens(prompt[:TOKENS])],
+        }
+        if len(row) > TOKENS:
+            picture["cut"] = len(row) - TOKENS
+        shown.append(picture)
+        if len(shown) == rows:
+            break
     return shown
 
 

@@ -48,6 +48,11 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
     )
     notes.append(f"{ended} of {count} completions end within max_completion_length={sampled.max_completion_length} "
                  f"(mean length {figures['mean_completion_length']:.1f} tokens)")
+    carrying = _carrying(sampled, spreads)
+    figures["completions_with_gradient"] = float(carrying)
+    notes.append(f"{carrying} of {count} completions carry a gradient (in a group whose rewards differ"
+                 + (", and ended: mask_truncated_completions=True drops the cut ones)" if sampled.masks_truncated
+                    else ")"))
     findings: list[diagnosis.Finding] = []  # both are reported: neither hides the other
     if count and not ended:
         _unended(sampled, count, findings, notes)
@@ -86,6 +91,13 @@ def _unended(sampled: Sampled, count: int, findings: list[diagnosis.Finding], no
             f"raise max_completion_length (now {sampled.max_completion_length}), and check that the model's "
             "generation_config.eos_token_id is the token the tokenizer ends its answers with",
         ))
+
+
+def _carrying(sampled: Sampled, spreads: list[float]) -> int:
+    """How many completions get an advantage other than 0 and stay in the loss: those of a group with a reward spread,
+    less the cut ones where the trainer masks them."""
+    flags = [1.0 if ended or not sampled.masks_truncated else 0.0 for ended in sampled.ended]
+    return int(sum(sum(group) for group, spread in zip(sampled.groups(flags), spreads, strict=False) if spread > SAME))
 
 
 def picture(sampled: Sampled) -> dict[str, Any]:

@@ -8,6 +8,7 @@ Each bug has its correct twin; every script is TRL's SFTTrainer (or the plain Tr
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import trl  # noqa: F401
@@ -269,3 +270,21 @@ def test_dpo_with_lora_and_no_reference_model_passes(lm_project: pytest.Pytester
     assert failures(result) == [], result.stdout.str()[-6000:]
     assert outcomes(result)["targets[cpu]"] == "PASSED"
     assert figures(lm_project)["pairs_the_same"] == 0
+
+
+def test_the_html_report_shows_a_row_as_trained_beside_the_prompt_inference_gives(
+        chat_project: pytest.Pytester) -> None:
+    write(chat_project, "train.py", sft("qwen"))
+    result = run_script(chat_project, STAGES, "--trainer-html=report.html")
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    text = (chat_project.path / "report.html").read_text()
+    assert "rows as trained, each beside the prompt inference gives the model" in text
+    rows = text.split("picture-asked", 1)[1].split("class='row'")[1:]
+    assert len(rows) == 2, rows
+    for row in rows:
+        asked = re.findall(r"<span class='asked-token'[^>]*>([^<]*)</span>", row)
+        trained = re.findall(r"<span class='token (?:un)?trained'[^>]*>([^<]*)</span>", row)
+        # The prompt inference gives is the trained row's start, up to the assistant's header.
+        assert asked[:2] == ["&lt;|im_start|&gt;", "user"], asked
+        assert asked[-2:] == ["&lt;|im_start|&gt;", "assistant"], asked
+        assert trained[:len(asked)] == asked and len(trained) > len(asked), (trained, asked)

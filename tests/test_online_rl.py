@@ -61,6 +61,7 @@ def test_a_correct_grpo_script_passes_with_its_rewards_and_completions_reported(
     result.stdout.fnmatch_lines(["  sampling completions took *.* s (generation and reward functions, once for every "
                                  "item; in targets[[]cpu[]])"])
     assert report["backward"]["figures"]["gradient_norm"] > 0
+    assert targets["figures"]["completions_with_gradient"] == 4 * targets["figures"]["groups_with_spread"]
     overfit = report["overfit"]
     assert overfit["figures"]["loss_after"] < overfit["figures"]["loss_before"]
     skipped = {stage: item["reason"] for stage, item in report.items() if item["outcome"] == "skipped"}
@@ -86,6 +87,23 @@ def test_a_correct_grpo_script_on_conversational_prompts_passes(project: pytest.
     result, _ = run_grpo(project, CONVERSATIONAL)
     assert failures(result) == [], result.stdout.str()[-4000:]
     assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
+
+
+def test_a_correct_conversational_grpo_script_with_weighted_rewards_passes(project: pytest.Pytester) -> None:
+    """Two reward functions, one of which gives most completions the same score, weighted: the sum still differs
+    within groups, so the completions carry a gradient."""
+    weighted = CONVERSATIONAL.replace(
+        "    data = Dataset.from_dict(",
+        "    def mentions_a_dog(completions, **kwargs):\n"
+        "        return [float(\"dog\" in completion[0][\"content\"]) for completion in completions]\n\n\n"
+        "    data = Dataset.from_dict(",
+    ).replace("reward_funcs=longer_is_better", "reward_funcs=[longer_is_better, mentions_a_dog]").replace(
+        "max_completion_length=8,", "max_completion_length=8, reward_weights=[1.0, 0.5],")
+    assert weighted.count("mentions_a_dog") == 2 and "reward_weights" in weighted
+    result, report = run_grpo(project, weighted)
+    assert failures(result) == [], result.stdout.str()[-4000:]
+    assert checked(result) == {f"{item}[cpu]": "PASSED" for item in CHECKED}
+    assert report["targets"]["figures"]["completions_with_gradient"] >= 4
 
 
 def test_a_correct_grpo_script_with_lora_passes_and_trains_the_adapters(project: pytest.Pytester) -> None:
@@ -135,6 +153,8 @@ def test_a_sparse_reward_the_untrained_model_never_earns_is_no_failure(project: 
     assert failures(result) == [], result.stdout.str()[-4000:]
     assert report["targets"]["outcome"] == "passed"
     assert any("responded to the rows' `answer`" in note for note in report["targets"]["notes"])
+    assert report["targets"]["figures"]["completions_with_gradient"] == 0
+    assert any(note.startswith("0 of 16 completions carry a gradient") for note in report["targets"]["notes"])
     for stage in STEPPING:
         assert "every advantage of the sampled batches is 0" in report[stage]["reason"]
 

@@ -61,14 +61,22 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     check_rows_supervised(asked)
     check_shift(pipeline, asked)
     check_prompt_unlabelled(asked)
+    from pytest_trainer import pictures
+
+    shown = pictures.trained_and_asked(asked)
+    if shown:
+        result.pictures["asked"] = shown
     ends: dict[str, tuple[int, int]] = {}
-    diagnosis.findings_last([
-        lambda: checks.check_doubled_bos(asked),
-        lambda: checks.check_prompt_as_asked(asked),
-        lambda: ends.update(answers=checks.check_answer_ends(asked, result.notes)),
-        lambda: ends.update(texts=checks.check_eos_of_texts(asked)),
-        lambda: checks.check_answers_trained(asked),
-    ])
+    try:
+        diagnosis.findings_last([
+            lambda: checks.check_doubled_bos(asked),
+            lambda: checks.check_prompt_as_asked(asked),
+            lambda: ends.update(answers=checks.check_answer_ends(asked, result.notes)),
+            lambda: ends.update(texts=checks.check_eos_of_texts(asked)),
+            lambda: checks.check_answers_trained(asked),
+        ])
+    except diagnosis.Finding as found:
+        raise with_pictures(found, result) from None
     eos_total, eos_trained = ends.get("texts", (0, 0))
     answers, stopped = ends.get("answers", (0, 0))
     result.figures.update({"eos_tokens": float(eos_total), "eos_supervised": float(eos_trained)})
