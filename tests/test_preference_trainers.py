@@ -77,8 +77,13 @@ def test_a_preference_trainer_passes_every_item_that_applies(project: pytest.Pyt
     reasons = {item["stage"]: item["reason"] for item in report if item["outcome"] == "skipped"}
     assert {stage: skipped[stage] in reason for stage, reason in reasons.items()} == dict.fromkeys(skipped, True)
     if trainer != "kto":
+        # The script's pairs are the prompt's words reversed against sorted: a few short prompts give the same
+        # answer both ways. Pairs with no preference as stored are a note while they are few, not a failure.
         targets = next(item for item in report if item["stage"] == "targets")
-        assert targets["figures"]["pairs_audited"] == 32 and targets["figures"]["pairs_the_same"] == 0, targets
+        same = int(targets["figures"]["pairs_the_same"])
+        assert targets["figures"]["pairs_audited"] == 32 and same < 8, targets
+        assert same == 0 or f"{same} of 32 sampled preference pairs have the same chosen and rejected tokens as " \
+            "stored" in targets["notes"], targets["notes"]
     forward = next(item for item in report if item["stage"] == "forward")
     assert any(note.startswith("preference batch: ") for note in forward["notes"]), forward
 
