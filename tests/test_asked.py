@@ -288,3 +288,41 @@ def test_the_html_report_shows_a_row_as_trained_beside_the_prompt_inference_give
         assert asked[:2] == ["&lt;|im_start|&gt;", "user"], asked
         assert asked[-2:] == ["&lt;|im_start|&gt;", "assistant"], asked
         assert trained[:len(asked)] == asked and len(trained) > len(asked), (trained, asked)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Truncation no setting of the Trainer names (a framework's cutoff_len, a script's own): read from the rows.
+
+OWN_TRUNCATION = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
+
+    CUTOFF = {cutoff}
+    tok = lm.tokenizer()
+    prompts = tiny.sentences(32, seed=6, shortest=2, longest=12)
+    raw = Dataset.from_dict({{"prompt": prompts, "completion": [" ".join(p.split()[::-1][:3]) for p in prompts]}})
+
+
+    def preprocess(row):
+        prompt = tok(row["prompt"])["input_ids"]
+        completion = tok(row["completion"])["input_ids"] + [tok.eos_token_id]
+        input_ids = (prompt + completion)[:CUTOFF]
+        labels = ([-100] * len(prompt) + completion)[:CUTOFF]
+        return {{"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}}
+
+
+    data = raw.map(preprocess, remove_columns=["prompt", "completion"])
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to=[], bf16=False)
+    trainer = Trainer(model=lm.model(), args=args, train_dataset=data, processing_class=tok,
+                      data_collator=DataCollatorForSeq2Seq(tok))
+    trainer.train()
+"""
+
+
+def test_answers_cut_by_a_truncation_of_the_scripts_own_are_found_from_the_rows(lm_project: pytest.Pytester) -> None:
+    result = run_targets(lm_project, OWN_TRUNCATION.format(cutoff=13))
+    check_fails(result, "*sampled answers are cut by max_length=13 before their end*",
+                "*fix: raise max_length (or shorten the longest rows*")
+    check_passes(run_targets(lm_project, OWN_TRUNCATION.format(cutoff=64)))

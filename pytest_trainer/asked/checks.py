@@ -202,8 +202,9 @@ def check_answers_trained(asked: Asked) -> None:
 def _cut_answers(asked: Asked, answers: list[Row], cut: list[Row], notes: list[str]) -> None:
     """Answers cut by truncation: a note, and a finding where they are many."""
     wanted = [length for row in cut if (length := _whole_length(asked, row)) is not None]
-    keeps = f"; max_length={max(wanted)} keeps every sampled row whole" if wanted else ""
-    line = (f"{len(cut)} of {len(answers)} sampled answers are cut by max_length={asked.max_length} before their "
+    setting = asked.length_setting
+    keeps = f"; {setting}={max(wanted)} keeps every sampled row whole" if wanted else ""
+    line = (f"{len(cut)} of {len(answers)} sampled answers are cut by {setting}={asked.max_length} before their "
             f"end{keeps}")
     if len(cut) < CUT_SHARE * len(answers):
         notes.append(line)
@@ -213,7 +214,7 @@ def _cut_answers(asked: Asked, answers: list[Row], cut: list[Row], notes: list[s
     raise diagnosis.Finding(
         f"{line}{loses}: the model is trained on answers that stop mid-way, with no end token, and learns to break "
         "off instead of finishing",
-        (f"raise max_length to {max(wanted)}" if wanted else "raise max_length")
+        (f"raise {setting} to {max(wanted)}" if wanted else f"raise {setting}")
         + " (or shorten the longest rows in the data, or truncate the prompt rather than the answer)",
         [f"row as trained: {asked.marked(cut[0])}"],
     )

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 COMPLETION_MASKS = ("completion_mask", "assistant_masks")
 #: Fields of an assistant message that hold what it says besides its content.
 ANSWER_FIELDS = ("reasoning_content", "reasoning", "thinking", "tool_calls")
+#: Rows cut off at one same longest length that show a truncation no setting names (a framework's own).
+TRUNCATED_ROWS = 2
+#: The setting a framework truncates with, by the package its trainer comes from.
+FRAMEWORK_LENGTHS = {"llamafactory": "cutoff_len", "axolotl": "sequence_len"}
 #: Texts of a probe conversation, to find what the template writes after an assistant turn.
 PROBE = ("Probe question?", "Probe answer.")
 
@@ -161,12 +165,23 @@ class Asked:
 
     @functools.cached_property
     def max_length(self) -> int | None:
-        """The length the collator or the trainer's arguments truncate to, where they say."""
+        """The length rows are truncated to: as the collator or the trainer's arguments say, else as the rows show it
+        (a framework that truncates while it tokenizes: several answers cut off at one same longest length)."""
         for owner in (self.trainer.data_collator, self.trainer.args):
             value = getattr(owner, "max_length", None)
             if isinstance(value, int) and value > 0:
                 return value
-        return None
+        whole = [row for row in self.answers if not row.packed]
+        longest = max((len(row) for row in whole), default=0)
+        open_ended = [row for row in whole if len(row) == longest and row.answer_end == len(row)
+                      and int(row.ids[-1]) not in self.stops]
+        return longest if len(open_ended) >= TRUNCATED_ROWS else None
+
+    @functools.cached_property
+    def length_setting(self) -> str:
+        """The setting that truncates the rows, as the user writes it (the framework's own name for it)."""
+        root = type(self.trainer).__module__.split(".")[0]
+        return FRAMEWORK_LENGTHS.get(root, "max_length")
 
     @functools.cached_property
     def template(self) -> str | None:
