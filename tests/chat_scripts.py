@@ -68,14 +68,16 @@ def model(tok, style):
     return built
 
 
-def conversations(count=32, seed=0, reasoning=False):
-    """Single-turn conversations of tiny's words: the answer is the question's last three words reversed."""
+def conversations(count=32, seed=0, reasoning=False, system=False):
+    """Single-turn conversations of tiny's words: the answer is the question's last three words reversed (after a
+    system prompt, with `system`)."""
     rows = []
     for question in tiny.sentences(count, seed=seed, shortest=3, longest=10):
         answer = {"role": "assistant", "content": " ".join(question.split()[::-1][:3])}
         if reasoning:
             answer["reasoning_content"] = " ".join(question.split()[:2])
-        rows.append([{"role": "user", "content": question}, answer])
+        start = [{"role": "system", "content": "the small cat"}] if system else []
+        rows.append([*start, {"role": "user", "content": question}, answer])
     return rows
 '''
 
@@ -87,7 +89,7 @@ SFT = """
 
     tok = chat.tokenizer({style!r})
     {change}
-    data = Dataset.from_dict({{"messages": chat.conversations(reasoning={reasoning})}})
+    data = Dataset.from_dict({{"messages": chat.conversations(reasoning={reasoning}, system={system})}})
     args = SFTConfig(output_dir="out", assistant_only_loss=True, max_length={max_length}, bf16=False,
                      per_device_train_batch_size=4, report_to=[]{args})
     trainer = SFTTrainer(chat.model(tok, {style!r}), args=args, train_dataset=data, processing_class=tok)
@@ -95,9 +97,10 @@ SFT = """
 """
 
 
-def sft(style: str, change: str = "", reasoning: bool = False, max_length: int = 64, args: str = "") -> str:
+def sft(style: str, change: str = "", reasoning: bool = False, max_length: int = 64, args: str = "",
+        system: bool = False) -> str:
     return SFT.format(style=style, change=change or "pass", reasoning=reasoning, max_length=max_length,
-                      args=f", {args}" if args else "")
+                      args=f", {args}" if args else "", system=system)
 
 
 #: The plain Trainer on conversations rendered to text by the template and tokenized again, full-sequence loss.

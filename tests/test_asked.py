@@ -89,8 +89,24 @@ def test_a_base_model_told_to_stop_at_the_end_of_turn_passes(chat_project: pytes
 def test_reasoning_the_template_drops_is_named_and_one_it_renders_passes(chat_project: pytest.Pytester) -> None:
     check_passes(run_targets(chat_project, sft("qwen", reasoning=True)))
     result = run_targets(chat_project, sft("qwen", NO_REASONING, reasoning=True))
-    check_fails(result, "*the stored answers' reasoning_content (32 of 32 rows) are never trained*",
+    check_fails(result, "*the stored conversations' reasoning_content (32 of 32 rows) are never trained*",
                 "*fix: use a chat template that renders reasoning_content*")
+
+
+#: A template that leaves out the system messages.
+NO_SYSTEM = ("tok.chat_template = tok.chat_template.replace(\"{% for m in messages %}\", "
+             "\"{% for m in messages if m['role'] != 'system' %}\")")
+
+
+@pytest.mark.parametrize("style", ["llama3", "qwen", "gemma"])
+def test_a_system_turn_the_template_renders_passes(chat_project: pytest.Pytester, style: str) -> None:
+    check_passes(run_targets(chat_project, sft(style, system=True)))
+
+
+def test_a_turn_the_template_drops_is_named(chat_project: pytest.Pytester) -> None:
+    result = run_targets(chat_project, sft("qwen", NO_SYSTEM, system=True))
+    check_fails(result, "*the stored conversations' system turns (* of 32 rows) never reach the model*",
+                "*fix: use a chat template that renders every message (system turns are left out)*")
 
 
 def test_answers_cut_by_max_length_name_the_length_that_keeps_them(chat_project: pytest.Pytester) -> None:
@@ -326,3 +342,11 @@ def test_answers_cut_by_a_truncation_of_the_scripts_own_are_found_from_the_rows(
     check_fails(result, "*sampled answers are cut by max_length=13 before their end*",
                 "*fix: raise max_length (or shorten the longest rows*")
     check_passes(run_targets(lm_project, OWN_TRUNCATION.format(cutoff=64)))
+
+
+def test_rows_cut_at_their_start_lose_the_question(chat_project: pytest.Pytester) -> None:
+    result = run_targets(chat_project, sft("qwen", max_length=14, args="truncation_mode='keep_end'"))
+    check_fails(result, "*sampled rows are cut by max_length=14 at their start: they lose the beginning of their "
+                        "prompt (they do not begin with '<|im_start|>' as the others do)*",
+                "*fix: raise max_length*")
+    result.stdout.no_fnmatch_line("*before their end*")  # the answers are whole

@@ -81,6 +81,7 @@ def check_answer_ends(asked: Asked, notes: list[str]) -> tuple[int, int]:
     cut = [row for row in answers if _ending(asked, row) == "cut"]
     if cut:
         _cut_answers(asked, answers, cut, notes)
+    _cut_prompts(asked, answers, notes)
     whole = [row for row in answers if _ending(asked, row) != "cut"]
     kind, count = next(((kind, count) for kind, count in kinds.most_common() if kind not in ("stops", "cut")),
                        ("", 0))
@@ -159,43 +160,57 @@ def check_eos_of_texts(asked: Asked) -> tuple[int, int]:
 
 
 def check_answers_trained(asked: Asked) -> None:
-    """What the stored answer says besides its content (its reasoning, its tool calls) reaches the trained tokens."""
+    """What the stored conversation holds reaches the row: each turn's content, and what the answer says besides its
+    content (its reasoning, its tool calls) among the trained tokens."""
     lost: Counter[str] = Counter()
     held: Counter[str] = Counter()
     missing_chars = total_chars = 0
-    example: tuple[Row, str] | None = None
+    example: Row | None = None
     for row in asked.rows:
         found = asked.conversation(row)
         if found is None or _cut(asked, row) or not row.trained.any():
             continue
-        answer = found[1]
+        prompt, answer = found
         trained = _squashed(asked.text(row.ids[row.trained]))
+        whole = _squashed(asked.text(row.ids))
         content = _squashed(" ".join(_parts(answer.get("content"), "content")))
         if content and content not in trained:
             continue  # the content itself is not found as trained: this row is not understood
         total_chars += len(content)
-        for name in ANSWER_FIELDS:
-            parts = [_squashed(part) for part in _parts(answer.get(name), name)]
-            parts = [part for part in parts if part]
+        wanted = [(f"{message.get('role')} turns", _parts(message.get("content"), "content"), whole)
+                  for message in prompt]
+        wanted += [(name, _parts(answer.get(name), name), trained) for name in ANSWER_FIELDS]
+        for name, texts, within in wanted:
+            parts = [part for part in (_squashed(text) for text in texts) if part]
             if not parts:
                 continue
             held[name] += 1
             size = sum(len(part) for part in parts)
             total_chars += size
-            if not all(part in trained for part in parts):
+            if not all(part in within for part in parts):
                 lost[name] += 1
                 missing_chars += size
-                example = example or (row, name)
-    dropped = [name for name in ANSWER_FIELDS if held[name] and lost[name] >= MOST * held[name]]
+                example = example or row
+    dropped = [name for name in held if lost[name] >= MOST * held[name]]
     if not dropped or example is None:
         return
     named = " and ".join(f"{name} ({lost[name]} of {held[name]} rows)" for name in dropped)
+    fields = [name for name in dropped if name in ANSWER_FIELDS]
+    turns = [name for name in dropped if name not in ANSWER_FIELDS]
+    fixes = []
+    if fields:
+        fixes.append(f"use a chat template that renders {' and '.join(fields)} (Qwen3's writes reasoning_content "
+                     "between <think> and </think>; tool-calling templates write tool_calls), or move them into the "
+                     "message's content")
+    if turns:
+        fixes.append(f"use a chat template that renders every message ({' and '.join(turns)} are left out), as the "
+                     "model's own template does")
+    where = "are never trained" if fields and not turns else "never reach the model"
     raise diagnosis.Finding(
-        f"the stored answers' {named} are never trained: the chat template does not render them, so "
-        f"{missing_chars / max(total_chars, 1):.0%} of the sampled answers' text never reaches the model",
-        f"use a chat template that renders {' and '.join(dropped)} (Qwen3's writes reasoning_content between <think> "
-        "and </think>; tool-calling templates write tool_calls), or move them into the message's content",
-        [f"row as trained: {asked.marked(example[0])}"],
+        f"the stored conversations' {named} {where}: the chat template does not render them, so "
+        f"{missing_chars / max(total_chars, 1):.0%} of the sampled conversations' text is lost",
+        "; and ".join(fixes),
+        [f"row as trained: {asked.marked(example)}"],
     )
 
 
@@ -216,6 +231,31 @@ def _cut_answers(asked: Asked, answers: list[Row], cut: list[Row], notes: list[s
         "off instead of finishing",
         (f"raise {setting} to {max(wanted)}" if wanted else f"raise {setting}")
         + " (or shorten the longest rows in the data, or truncate the prompt rather than the answer)",
+        [f"row as trained: {asked.marked(cut[0])}"],
+    )
+
+
+def _cut_prompts(asked: Asked, answers: list[Row], notes: list[str]) -> None:
+    """Rows truncated from the left (truncation_mode="keep_end"): the answer stays whole, its question loses its
+    start, and the row no longer begins as every other one does (with the template's first token)."""
+    whole = [row for row in answers if not _cut(asked, row)]
+    if not whole:
+        return
+    first, count = Counter(int(row.ids[0]) for row in whole).most_common(1)[0]
+    if count < MOST * len(whole) + 1:
+        return  # the rows begin with no one token: a start lost cannot be told
+    cut = [row for row in answers if _cut(asked, row) and int(row.ids[0]) != first]
+    if not cut:
+        return
+    setting = asked.length_setting
+    line = (f"{len(cut)} of {len(answers)} sampled rows are cut by {setting}={asked.max_length} at their start: they "
+            f"lose the beginning of their prompt (they do not begin with {asked.text(first)!r} as the others do)")
+    if len(cut) < CUT_SHARE * len(answers):
+        notes.append(line)
+        return
+    raise diagnosis.Finding(
+        f"{line}, so the model learns to answer questions it is only shown the end of",
+        f"raise {setting} (or truncate from the end, truncation_mode='keep_start', and shorten the longest prompts)",
         [f"row as trained: {asked.marked(cut[0])}"],
     )
 
