@@ -390,9 +390,9 @@ def test_dpo_passes(trl_project: pytest.Pytester) -> None:
     write(trl_project, "train.py", DPO)
     result = run_script(trl_project, REPORT)
     # No eval split; preference pairs have no label column, and the trainer tokenizes and pads them itself, so
-    # lengths and padding skip too: each with its reason.
-    check_correct(trl_project, result, passed=rest("eval", "labels", "lengths", "padding"),
-                  skipped={**not_causal("preference pairs"), "eval": "the Trainer has no eval_dataset",
+    # lengths and padding skip too: each with its reason. `targets` compares each pair's chosen and rejected tokens.
+    check_correct(trl_project, result, passed=(*rest("eval", "labels", "lengths", "padding"), "targets"),
+                  skipped={"eval": "the Trainer has no eval_dataset",
                            "labels": "preference pairs have no label column",
                            "lengths": "preference pairs are tokenized and padded by the trainer itself",
                            "padding": "preference pairs are tokenized and padded by the trainer itself"})
