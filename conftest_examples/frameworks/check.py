@@ -8,7 +8,9 @@ It builds a tiny Qwen2 model, its tokenizer and data in ./tiny (make_tiny.py), t
 - a correct configuration: every item that runs passes, and the run leaves no file in this folder (the framework's
   output folder included);
 - the same configuration with a learning rate of 0, given through the framework's own settings: `step` fails and
-  says so.
+  says so;
+- (LLaMA-Factory's SFT) a cutoff_len that cuts the answers: `targets` fails naming cutoff_len, the framework's own
+  truncation, which no Trainer setting shows.
 
 It prints each run's summary and exits 1 on the first case that does not hold.
 """
@@ -23,6 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LEARNING_RATE_ZERO = "step[cpu] failed: the learning rate is 0"
+#: LLaMA-Factory's SFT case with a cutoff_len shorter than many conversations, and what targets says of it.
+CUT_OFF = ("cutoff_len=24", "sampled answers are cut by cutoff_len=24 before their end")
 
 
 def entry(package: str, *parts: str) -> str:
@@ -87,6 +91,13 @@ def main() -> None:
         if code != 1 or LEARNING_RATE_ZERO not in output:
             print(output[-6000:])
             sys.exit(f"{framework}, {name}: expected step to fail with {LEARNING_RATE_ZERO!r}; pytest exited {code}")
+    if framework == "llamafactory":
+        name, module, arguments, _ = found[0]
+        print(f"== {framework}, {name}: answers cut by {CUT_OFF[0]}", flush=True)
+        code, output = pytest(module, f"{arguments} {CUT_OFF[0]}", "--trainer-stages=load,collate,targets")
+        if code != 1 or CUT_OFF[1] not in output:
+            print(output[-6000:])
+            sys.exit(f"{framework}, {name}: expected targets to fail with {CUT_OFF[1]!r}; pytest exited {code}")
     print(f"{framework}: every case holds")
 
 
