@@ -28,9 +28,10 @@ BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k
                  "seq_idx")
 
 
-def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any]) -> str | None:
+def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any], checkpointing: bool) -> str | None:
     """Raise a finding where a packed document's logits differ from the same document alone; return a note (or None
-    where the batch packs nothing this check can read)."""
+    where the batch packs nothing this check can read). The forward builds a cache as training's does: none under
+    activation checkpointing (`checkpointing`), else as the model's config says."""
     import torch
 
     ids, positions = batch.get("input_ids"), batch.get("position_ids")
@@ -44,12 +45,15 @@ def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any]) -> str 
     if len(documents) < 2 or documents[1][0] == 0:
         return None
     start, end = documents[1]
-    given = {key: value[:1] for key, value in batch.items() if key in INPUTS and torch.is_tensor(value)}
+    given: dict[str, Any] = {key: value[:1] for key, value in batch.items() if key in INPUTS and torch.is_tensor(value)}
     if ids.shape[0] == 1:  # the boundaries describe the whole (one-row) batch
         given.update({key: value for key, value in batch.items() if key in BOUNDARY_KEYS})
-    alone = {"input_ids": ids[:1, start:end], "position_ids": positions[:1, start:end]}
+    alone: dict[str, Any] = {"input_ids": ids[:1, start:end], "position_ids": positions[:1, start:end]}
     if "attention_mask" in given:
         alone["attention_mask"] = torch.ones_like(alone["input_ids"])
+    cache = _cache_in_training(model, checkpointing)
+    if cache is not None:
+        given["use_cache"] = alone["use_cache"] = cache
     was_training = model.training
     model.eval()
     try:
@@ -68,7 +72,14 @@ def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any]) -> str 
     if gap <= model_facts.output_tolerance(model, TOLERANCE) * scale:
         return note
     mask = batch.get("attention_mask")
-    if torch.is_tensor(mask) and bool((mask[0, :end] == 1).all()):
+    cached = "attention_mask" not in given and cache is True and \
+        _apart_without_cache(model, given, alone, start, end, scale)
+    if cached:
+        why = ("the model builds a generation cache in training (config.use_cache=True), and transformers separates "
+               "packed documents by their position_ids only without one")
+        fix = ("set model.config.use_cache = False for training (transformers 5's Trainer does), or give flash "
+               "attention the documents' boundaries (cu_seq_lens)")
+    elif torch.is_tensor(mask) and bool((mask[0, :end] == 1).all()):
         why = ("the batch's attention_mask is ones over the whole packed row, so each token attends to the documents "
                "before it (transformers separates documents by their position_ids only when no attention_mask is "
                "given)")
@@ -85,3 +96,34 @@ def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any]) -> str 
         "contexts inference never gives it",
         fix,
     )
+
+
+def _cache_in_training(model: torch.nn.Module, checkpointing: bool) -> bool | None:
+    """Whether the model's forward builds a cache in training (None: its forward takes no use_cache)."""
+    try:
+        taken = model_facts.forward_parameters(model)
+    except (TypeError, ValueError):  # a forward whose signature cannot be read
+        return None
+    if "use_cache" not in taken:
+        return None
+    return bool(getattr(getattr(model, "config", None), "use_cache", False)) and not checkpointing
+
+
+def _apart_without_cache(model: torch.nn.Module, given: dict[str, Any], alone: dict[str, Any], start: int, end: int,
+                         scale: float) -> bool:
+    """Whether the packed document gets its own logits once the model builds no cache (use_cache=False)."""
+    import torch
+
+    given, alone = {**given, "use_cache": False}, {**alone, "use_cache": False}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), diagnosis.pipeline_part("the model's forward on a packed row"):
+            packed_logits = model_facts.logits_of(model(**given))
+            alone_logits = model_facts.logits_of(model(**alone))
+    finally:
+        model.train(was_training)
+    if packed_logits is None or alone_logits is None:
+        return False
+    gap = float((packed_logits[:1, start:end].float() - alone_logits.float()).abs().max())
+    return gap <= model_facts.output_tolerance(model, TOLERANCE) * scale

@@ -29,7 +29,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                             f"{math.log(classes):.3f}")
     from pytest_trainer.asked import packing
 
-    apart = packing.check_documents_apart(model, batch)
+    checkpointing = bool(getattr(pipeline.trainer.args, "gradient_checkpointing", False))
+    apart = packing.check_documents_apart(model, batch, checkpointing)
     if apart:
         result.notes.append(apart)
     return result
