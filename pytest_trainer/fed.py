@@ -43,7 +43,7 @@ STORED_ROWS = 10_000
 #: Rows transformed at once when a split's samples come from a transform.
 TRANSFORM_BATCH = 64
 #: Stored columns that hold a row as its author wrote it (a conversation, a prompt and its answer, a text).
-STORED_TEXT = ("messages", "prompt", "completion", "tools", "text")
+STORED_TEXT = ("messages", "prompt", "completion", "tools", "chat_template_kwargs", "text")
 
 
 class FedSplit:

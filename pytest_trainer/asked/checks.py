@@ -303,7 +303,8 @@ def _whole_length(asked: Asked, row: Row) -> int | None:
     prompt, completion = stored.get("prompt"), stored.get("completion")
     try:
         if found is not None and asked.template is not None:
-            made = asked.tokenizer.apply_chat_template([*found[0], found[1]], tokenize=True)
+            made = asked.tokenizer.apply_chat_template([*found[0], found[1]], tokenize=True,
+                                                       **asked.template_arguments(row))
         elif isinstance(prompt, str) and isinstance(completion, str) and asked.tokenizer is not None:
             made = asked.tokenizer(prompt + completion)
         else:

@@ -228,17 +228,31 @@ class Asked:
         found = self.conversation(row)
         if found is None or self.template is None:
             return None
-        stored = row.stored or {}
-        tools = stored.get("tools")
         try:
-            made = self.tokenizer.apply_chat_template(found[0], tools=tools or None, add_generation_prompt=True,
-                                                      tokenize=True)
+            made = self.tokenizer.apply_chat_template(found[0], add_generation_prompt=True, tokenize=True,
+                                                      **self.template_arguments(row))
         except Exception:  # a template that cannot render the prompt alone: nothing to compare
             return None
         ids = made.get("input_ids") if isinstance(made, Mapping) else made
         while isinstance(ids, list) and ids and isinstance(ids[0], list):
             ids = ids[0]
         return [int(token) for token in ids] if isinstance(ids, list) else None
+
+    def template_arguments(self, row: Row) -> dict[str, Any]:
+        """What the row's own columns give the chat template, as TRL passes them: its tools (a list, or JSON text)
+        and its chat_template_kwargs (enable_thinking, say)."""
+        import json
+
+        stored = row.stored or {}
+        tools: Any = stored.get("tools")
+        if isinstance(tools, str):
+            try:
+                tools = json.loads(tools)
+            except ValueError:
+                tools = None
+        given = stored.get("chat_template_kwargs")
+        extra = {key: value for key, value in given.items() if value is not None} if isinstance(given, Mapping) else {}
+        return {**({"tools": tools} if tools else {}), **extra}
 
     def text(self, ids: Any) -> str:
         """The text of token ids (one or several), special tokens kept."""

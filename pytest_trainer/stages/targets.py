@@ -1,11 +1,13 @@
-"""`targets`: what a causal-LM fine-tune really supervises, on batches made by the Trainer's own collator.
+"""`targets`: what a fine-tune really trains, on batches made by the Trainer's own collator, against what the
+model will be asked.
 
-The worst bugs of LLM fine-tuning are silent: training runs and the loss falls while the model learns
-the wrong thing. Rows spread over the training split are collated as the Trainer would and their
-labels audited: rows with nothing to learn (a completion cut off by truncation, a response marker
-that never matches), end-of-sequence tokens never supervised (pad = eos with a collator that masks
-pad), labels shifted by hand for a model that shifts them itself, and prompt tokens trained under a
-completion-only loss. The share of supervised tokens goes to the report.
+The worst bugs of LLM fine-tuning are silent: training runs and the loss falls while the model learns the wrong
+thing. Rows spread over the training split are collated as the Trainer would and read once into the `asked` view
+(`pytest_trainer.asked`): rows with nothing to learn, labels shifted by hand for a model that shifts them itself,
+prompt tokens trained under a completion-only loss, answers that do not end on a token generation stops at or that
+truncation cuts, a doubled BOS, a prompt other than the one the chat template gives at inference, and turns,
+reasoning or tool calls the template drops. Preference pairs are compared as truncated; online RL's sampled
+completions and rewards are audited instead of labels. The share of supervised tokens goes to the report.
 """
 
 from __future__ import annotations
