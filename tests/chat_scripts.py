@@ -19,6 +19,7 @@ LLAMA3 = (
 QWEN = (
     "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\\\n' }}{% generation %}"
     "{% if m.reasoning_content %}{{ '<think> ' + m.reasoning_content + ' </think> ' }}{% endif %}"
+    "{% for call in m.tool_calls or [] %}{{ '<tool_call> ' + call.function.name + ' </tool_call> ' }}{% endfor %}"
     "{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\\\n' }}"
     "{% else %}{{ '<|im_start|>' + m['role'] + '\\\\n' + m['content'] + '<|im_end|>\\\\n' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\\\n' }}{% endif %}"
@@ -35,12 +36,13 @@ STYLES = {
     "llama3": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                 "<|finetune_right_pad_id|>"], "<|begin_of_text|>", "<|eot_id|>", "<|finetune_right_pad_id|>",
                ["<|eot_id|>", "<|end_of_text|>"], LLAMA3),
-    "qwen": (["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"], None, "<|im_end|>",
+    "qwen": (["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"],
+             None, "<|im_end|>",
              "<|endoftext|>", ["<|im_end|>", "<|endoftext|>"], QWEN),
     "gemma": (["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>", "<pad>",
               ["<eos>", "<end_of_turn>"], GEMMA),
 }
-ROLES = ["system", "user", "assistant", "model"]
+ROLES = ["system", "user", "assistant", "model", "tool", "lookup"]
 
 
 def tokenizer(style, adds_bos=False):
@@ -68,16 +70,19 @@ def model(tok, style):
     return built
 
 
-def conversations(count=32, seed=0, reasoning=False, system=False):
+def conversations(count=32, seed=0, reasoning=False, system=False, tools=False):
     """Single-turn conversations of tiny's words: the answer is the question's last three words reversed (after a
-    system prompt, with `system`)."""
+    system prompt, with `system`; after a call of the tool `lookup` and its answer, with `tools`)."""
     rows = []
     for question in tiny.sentences(count, seed=seed, shortest=3, longest=10):
         answer = {"role": "assistant", "content": " ".join(question.split()[::-1][:3])}
         if reasoning:
             answer["reasoning_content"] = " ".join(question.split()[:2])
         start = [{"role": "system", "content": "the small cat"}] if system else []
-        rows.append([*start, {"role": "user", "content": question}, answer])
+        called = [{"role": "assistant", "content": "", "tool_calls": [
+                      {"type": "function", "function": {"name": "lookup", "arguments": {"word": question.split()[0]}}}]},
+                  {"role": "tool", "content": question.split()[-1]}] if tools else []
+        rows.append([*start, {"role": "user", "content": question}, *called, answer])
     return rows
 '''
 
@@ -89,7 +94,7 @@ SFT = """
 
     tok = chat.tokenizer({style!r})
     {change}
-    data = Dataset.from_dict({{"messages": chat.conversations(reasoning={reasoning}, system={system})}})
+    data = Dataset.from_dict({{"messages": chat.conversations(reasoning={reasoning}, system={system}, tools={tools})}})
     args = SFTConfig(output_dir="out", assistant_only_loss=True, max_length={max_length}, bf16=False,
                      per_device_train_batch_size=4, report_to=[]{args})
     trainer = SFTTrainer(chat.model(tok, {style!r}), args=args, train_dataset=data, processing_class=tok)
@@ -98,9 +103,9 @@ SFT = """
 
 
 def sft(style: str, change: str = "", reasoning: bool = False, max_length: int = 64, args: str = "",
-        system: bool = False) -> str:
+        system: bool = False, tools: bool = False) -> str:
     return SFT.format(style=style, change=change or "pass", reasoning=reasoning, max_length=max_length,
-                      args=f", {args}" if args else "", system=system)
+                      args=f", {args}" if args else "", system=system, tools=tools)
 
 
 #: The plain Trainer on conversations rendered to text by the template and tokenized again, full-sequence loss.

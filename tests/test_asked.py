@@ -111,6 +111,18 @@ def test_a_turn_the_template_drops_is_named(chat_project: pytest.Pytester) -> No
                 "*fix: use a chat template that renders every message (system turns are left out)*")
 
 
+#: A template that leaves out the assistant's tool calls.
+NO_TOOL_CALLS = 'tok.chat_template = tok.chat_template.replace("m.tool_calls or []", "[]")'
+
+
+def test_tool_calls_of_an_earlier_turn_the_template_drops_are_named(chat_project: pytest.Pytester) -> None:
+    # The call is an earlier assistant turn, followed by the tool's answer, as in every tool-calling chat.
+    check_passes(run_targets(chat_project, sft("qwen", tools=True, max_length=96)))
+    result = run_targets(chat_project, sft("qwen", NO_TOOL_CALLS, tools=True, max_length=96))
+    check_fails(result, "*the stored conversations' tool_calls (32 of 32 rows) are never trained*",
+                "*fix: use a chat template that renders tool_calls*")
+
+
 def test_answers_cut_by_max_length_name_the_length_that_keeps_them(chat_project: pytest.Pytester) -> None:
     result = run_targets(chat_project, sft("qwen", max_length=14))
     check_fails(result, "*sampled answers are cut by max_length=14 before their end; max_length=* keeps every "
@@ -247,7 +259,7 @@ def test_packed_documents_kept_apart_pass(lm_project: pytest.Pytester, source: s
         assert failures(result) == ["forward[cpu]"], result.stdout.str()[-6000:]
         result.stdout.fnmatch_lines(["*packed documents attend to each other*because the model builds a generation "
                                      "cache in training (config.use_cache=True)*",
-                                     "*fix: set model.config.use_cache = False for training*"])
+                                     "*fix: train without the cache: TrainingArguments(use_cache=False) under transformers 5*"])
         return
     assert failures(result) == [], result.stdout.str()[-6000:]
     notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
@@ -264,7 +276,7 @@ def test_packed_documents_of_a_model_that_builds_a_cache_attend_to_each_other(lm
     result = run_script(lm_project, "--trainer-stages=forward")
     assert failures(result) == ["forward[cpu]"], result.stdout.str()[-6000:]
     result.stdout.fnmatch_lines(["*because the model builds a generation cache in training (config.use_cache=True)*",
-                                 "*fix: set model.config.use_cache = False for training*"])
+                                 "*fix: train without the cache: TrainingArguments(use_cache=False) under transformers 5*"])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -179,7 +179,12 @@ def check_answers_trained(asked: Asked) -> None:
         total_chars += len(content)
         wanted = [(f"{message.get('role')} turns", _parts(message.get("content"), "content"), whole)
                   for message in prompt]
-        wanted += [(name, _parts(answer.get(name), name), trained) for name in ANSWER_FIELDS]
+        # Tool calls of every assistant turn reach the row (a tool's answer follows each but the last); reasoning only
+        # for the answer trained on (templates such as Qwen3's leave earlier turns' reasoning out by design).
+        calls = [part for message in prompt if message.get("role") == "assistant"
+                 for part in _parts(message.get("tool_calls"), "tool_calls")]
+        wanted += [(name, _parts(answer.get(name), name) + (calls if name == "tool_calls" else []),
+                    whole if name == "tool_calls" else trained) for name in ANSWER_FIELDS]
         for name, texts, within in wanted:
             parts = [part for part in (_squashed(text) for text in texts) if part]
             if not parts:

@@ -77,8 +77,9 @@ def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any], checkpo
     if cached:
         why = ("the model builds a generation cache in training (config.use_cache=True), and transformers separates "
                "packed documents by their position_ids only without one")
-        fix = ("set model.config.use_cache = False for training (transformers 5's Trainer does), or give flash "
-               "attention the documents' boundaries (cu_seq_lens)")
+        fix = ("train without the cache: TrainingArguments(use_cache=False) under transformers 5 (its Trainer copies "
+               "that setting into model.config.use_cache), model.config.use_cache = False under transformers 4; or "
+               "give flash attention the documents' boundaries (cu_seq_lens)")
     elif torch.is_tensor(mask) and bool((mask[0, :end] == 1).all()):
         why = ("the batch's attention_mask is ones over the whole packed row, so each token attends to the documents "
                "before it (transformers separates documents by their position_ids only when no attention_mask is "

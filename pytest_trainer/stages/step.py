@@ -65,7 +65,8 @@ def check_updates_kept(pipeline: Pipeline, model: Any, rate: float, result: Stag
         f"{line}: the trainable weights are {dtype} and the optimizer updates them in place, so an update below half "
         f"a weight's rounding step ({dtype} keeps about {_digits(dtype)} significant bits) rounds away and training "
         "barely moves them",
-        "keep the trainable weights in float32 (load the model with torch_dtype=torch.float32, or call model.float()) "
+        "keep the trainable weights in float32 (load the model with dtype=torch.float32, torch_dtype= before "
+        "transformers 5, or call model.float()) "
         "and train with bf16=True: autocast computes in bf16 while the optimizer updates float32 weights; or use an "
         "optimizer that keeps float32 master weights",
     )
