@@ -412,3 +412,27 @@ def test_pairs_are_read_from_stacked_rows_and_from_keys_side_by_side() -> None:
         pairs.check_pairs_differ(found, 3, str, notes)
     pairs.check_pairs_differ(found[1:], 3, str, notes)  # no pair the same: a note only
     assert notes[-1] == "1 of 1 sampled preference pairs differ once truncated"
+
+
+WRAPPED = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    data = Dataset.from_dict({"prompt": tiny.sentences(32, seed=4),
+                              "completion": [" " + text for text in tiny.sentences(32, seed=5)]})
+    args = SFTConfig(output_dir="out", packing=True, packing_strategy="wrapped", max_length=32, bf16=False,
+                     per_device_train_batch_size=4, report_to=[])
+    trainer = SFTTrainer(lm.model(), args=args, train_dataset=data, processing_class=lm.tokenizer())
+    trainer.train()
+"""
+
+
+def test_rows_of_trls_wrapped_packing_are_chunks_whose_ends_are_no_answers_ends(lm_project: pytest.Pytester) -> None:
+    # "wrapped" packs the samples end to end and cuts the stream every max_length tokens: an answer that goes on in
+    # the next row is not cut by truncation, and the fix "raise max_length" would not follow.
+    write(lm_project, "train.py", WRAPPED)
+    result = run_script(lm_project, "--trainer-stages=collate,targets")
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    assert outcomes(result)["targets[cpu]"] == "PASSED"

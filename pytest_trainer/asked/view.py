@@ -46,6 +46,11 @@ class Row:
     packed: bool = False
     #: What marks the prompt: a batch key ("assistant_masks", "completion_mask"), "labels" (-100 in the dataset).
     masked_by: str | None = None
+    #: Whether the row is one sample's sequence: an unpacked row, or a packed one's run between position_ids restarts
+    #: (a packed row with no restart is a chunk of a stream of samples, whose ends are no sample's ends).
+    delimited: bool = True
+    #: Whether the row is a run between position_ids restarts of a packed sequence.
+    segment: bool = False
 
     def __post_init__(self) -> None:
         self.trained = self.labels != IGNORE_INDEX
@@ -104,7 +109,8 @@ def rows_of(batch: Mapping[str, np.ndarray], samples: Sequence[Mapping[str, Any]
             keep = real[index, cut]
             whole = stored[index] if not packed and len(stored) == ids.shape[0] else None
             rows.append(Row(ids[index, cut][keep], labels[index, cut][keep],
-                            None if prompt is None else prompt[cut][keep], whole, packed, masked_by))
+                            None if prompt is None else prompt[cut][keep], whole, packed, masked_by,
+                            delimited=not packed or len(starts) > 1, segment=len(starts) > 1))
     return rows
 
 
@@ -141,9 +147,12 @@ class Asked:
     @functools.cached_property
     def answers(self) -> list[Row]:
         """The rows that answer a prompt: some tokens before the trained ones are left out of the loss, or the row is
-        a stored conversation. The other rows are texts (plain language modelling)."""
-        return [row for row in self.rows
-                if row.answer_end is not None and (row.has_prompt or self.conversation(row) is not None)]
+        a stored conversation; and the row is one sample's, not a chunk of samples packed together with no position_ids
+        restart between them (TRL's "wrapped" packing). The other rows are texts (plain language modelling, or
+        chunks)."""
+        chunks = bool(getattr(self.trainer.args, "packing", False))  # TRL packs samples into its dataset's rows
+        return [row for row in self.rows if row.delimited and not (chunks and not row.segment)
+                and row.answer_end is not None and (row.has_prompt or self.conversation(row) is not None)]
 
     @functools.cached_property
     def generation_markers(self) -> bool:
