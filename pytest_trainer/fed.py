@@ -347,7 +347,7 @@ class Batches:
 
     def on(self, device: str) -> dict[str, Any]:
         """The first batch on `device`."""
-        return _moved(self.first(), device)
+        return moved(self.first(), device)
 
     def collate(self, features: list[dict[str, Any]], device: str) -> dict[str, Any]:
         """A batch made by the Trainer's own collator, on `device`."""
@@ -358,7 +358,7 @@ class Batches:
             collator = self.trainer._get_collator_with_removed_columns(collator, description="training")
         with diagnosis.pipeline_part("the data collator"):
             batch = collator(features)
-        return _moved(batch, device)
+        return moved(batch, device)
 
     def rows(self, indices: list[int]) -> list[dict[str, Any]]:
         """Training samples as the collator receives them (`indices` are positions in the training table)."""
@@ -424,7 +424,7 @@ def packed(batch: Mapping[str, Any], rows: int) -> str | None:
     return None
 
 
-def _moved(batch: Mapping[str, Any], device: str) -> dict[str, Any]:
+def moved(batch: Mapping[str, Any], device: str) -> dict[str, Any]:
     import torch
 
     return {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}

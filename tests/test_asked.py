@@ -436,3 +436,38 @@ def test_rows_of_trls_wrapped_packing_are_chunks_whose_ends_are_no_answers_ends(
     result = run_script(lm_project, "--trainer-stages=collate,targets")
     assert failures(result) == [], result.stdout.str()[-6000:]
     assert outcomes(result)["targets[cpu]"] == "PASSED"
+
+
+#: A packer of one's own that joins the samples end to end: no position_ids, an attention mask of ones.
+JOINED = PACKED.replace('''        positions = [index for row in rows for index in range(len(row["input_ids"]))]
+        batch = {{"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([positions]),
+                 "labels": torch.tensor([ids])}}''', '''        batch = {{"input_ids": torch.tensor([ids]), "labels": torch.tensor([ids])}}''')
+
+
+def test_conversations_packed_with_no_boundary_attend_to_each_other(lm_project: pytest.Pytester) -> None:
+    assert JOINED != PACKED
+    conversations = JOINED.format(mask=MASK_OF_ONES, collator="pack").replace(
+        'data = Dataset.from_dict({"text": [text + " [SEP]" for text in tiny.sentences(32, seed=4)]})',
+        'data = Dataset.from_dict({"messages": [[{"role": "user", "content": text}, {"role": "assistant", '
+        '"content": text + " [SEP]"}] for text in tiny.sentences(32, seed=4)]})\n'
+        '    data = data.map(lambda row: {"text": " ".join(turn["content"] for turn in row["messages"])})')
+    assert '"messages"' in conversations
+    write(lm_project, "train.py", conversations)
+    result = run_script(lm_project, "--trainer-stages=forward")
+    assert failures(result) == ["forward[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
+    result.stdout.fnmatch_lines([
+        "*forward[[]cpu[]] failed: the collator packs samples into one sequence with no boundary between them "
+        "(position_ids do not restart): the second of two packed samples * attends to the one before it; these "
+        "samples are separate conversations*",
+        "*fix: give each packed sample position_ids that restart at 0 and leave attention_mask out*",
+    ])
+
+
+def test_texts_packed_with_no_boundary_are_a_note(lm_project: pytest.Pytester) -> None:
+    # Pretraining-style packing streams texts end to end on purpose: said, not failed.
+    write(lm_project, "train.py", JOINED.format(mask=MASK_OF_ONES, collator="pack"))
+    result = run_script(lm_project, "--trainer-stages=forward", "--trainer-report=report.json")
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
+             for note in item["notes"]]
+    assert any(note.startswith("the collator packs samples into one sequence with no boundary") for note in notes)

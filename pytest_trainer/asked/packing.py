@@ -128,3 +128,56 @@ def _apart_without_cache(model: torch.nn.Module, given: dict[str, Any], alone: d
         return False
     gap = float((packed_logits[:1, start:end].float() - alone_logits.float()).abs().max())
     return gap <= model_facts.output_tolerance(model, TOLERANCE) * scale
+
+
+def check_unmarked_documents(model: torch.nn.Module, samples: list[dict[str, Any]], batch: dict[str, Any],
+                             conversations: bool) -> str | None:
+    """Samples a collator packs into one sequence with no boundary at all (position_ids that do not restart): the
+    second attends to the first. A finding where the samples are conversations (separate examples, each asked
+    alone at inference); a note for plain texts, which pretraining-style packing streams on purpose."""
+    import torch
+
+    ids = batch.get("input_ids")
+    if len(samples) != 2 or not torch.is_tensor(ids) or ids.dim() != 2 or ids.shape[0] != 1:
+        return None
+    if set(batch) - {*INPUTS, *LOSS_KEYS}:
+        return None
+    positions = batch.get("position_ids")
+    if torch.is_tensor(positions) and bool((positions[0, 1:] == 0).any()):
+        return None  # restarting positions: check_documents_apart reads them
+    first, second = (sample.get("input_ids") for sample in samples)
+    if first is None or second is None:
+        return None
+    first, second = torch.as_tensor(first).reshape(-1), torch.as_tensor(second).reshape(-1)
+    start, end = first.numel(), first.numel() + second.numel()
+    if end > ids.shape[1] or not torch.equal(ids[0, :start], first) or not torch.equal(ids[0, start:end], second):
+        return None  # the collator changed the samples: their boundaries cannot be told
+    given = {key: value[:1, :end] for key, value in batch.items() if key in INPUTS and torch.is_tensor(value)}
+    alone = {"input_ids": ids[:1, start:end]}
+    if "attention_mask" in given:
+        alone["attention_mask"] = torch.ones_like(alone["input_ids"])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), diagnosis.pipeline_part("the model's forward on a packed row"):
+            packed_logits = model_facts.logits_of(model(**given))
+            alone_logits = model_facts.logits_of(model(**alone))
+    finally:
+        model.train(was_training)
+    if packed_logits is None or alone_logits is None or packed_logits.dim() != 3:
+        return None
+    gap = float((packed_logits[:1, start:end].float() - alone_logits.float()).abs().max())
+    if gap <= model_facts.output_tolerance(model, TOLERANCE) * max(1.0, float(alone_logits.float().abs().max())):
+        return None
+    line = (f"the collator packs samples into one sequence with no boundary between them (position_ids do not "
+            f"restart): the second of two packed samples (tokens {start} to {end}) gets logits that differ by "
+            f"{gap:.3g} from the same sample alone, because it attends to the one before it")
+    if not conversations:
+        return line
+    raise diagnosis.Finding(
+        f"{line}; these samples are separate conversations, each asked alone at inference, so the model is trained "
+        "on contexts inference never gives it",
+        "give each packed sample position_ids that restart at 0 and leave attention_mask out (transformers' "
+        "DataCollatorWithFlattening does; TRL's packing=True too), so each conversation attends only to itself; or "
+        "pad the samples instead of packing them",
+    )

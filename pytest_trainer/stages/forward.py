@@ -4,7 +4,7 @@ document's logits are those it gets alone (documents kept apart)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_trainer.losses import checked_loss
 from pytest_trainer.stages.base import Stage, StageResult
@@ -33,7 +33,24 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     apart = packing.check_documents_apart(model, batch, checkpointing)
     if apart:
         result.notes.append(apart)
+    elif pipeline.task.shifts_labels and not pipeline.family.builds_own_batches:
+        unmarked = _unmarked_documents(pipeline, model, device)
+        if unmarked:
+            result.notes.append(unmarked)
     return result
+
+
+def _unmarked_documents(pipeline: Pipeline, model: Any, device: str) -> str | None:
+    """Two training samples collated alone: packed into one sequence with no boundary, the second sees the first."""
+    from pytest_trainer import fed
+    from pytest_trainer.asked import packing
+
+    found = pipeline.batches.spread(2)
+    if len(found) != 1 or fed.packed(found[0][1], len(found[0][0])) is None:
+        return None
+    samples, batch, stored = found[0]
+    conversations = any(isinstance(row, dict) and (row.get("messages") or row.get("completion")) for row in stored)
+    return packing.check_unmarked_documents(model, samples, fed.moved(batch, device), conversations)
 
 
 STAGE = Stage("forward", rank=40, run=run, needs=("collate",))
