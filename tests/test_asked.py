@@ -120,7 +120,12 @@ def test_tool_calls_of_an_earlier_turn_the_template_drops_are_named(chat_project
     check_passes(run_targets(chat_project, sft("qwen", tools=True, max_length=96)))
     result = run_targets(chat_project, sft("qwen", NO_TOOL_CALLS, tools=True, max_length=96))
     check_fails(result, "*the stored conversations' tool_calls (32 of 32 rows) are never trained*",
-                "*fix: use a chat template that renders tool_calls*")
+                "*fix: use a chat template that renders tool_calls (a tool-calling template writes each call*")
+    # The tool's name is in every row (a tools block names it) while the calls are still dropped: the template
+    # renders each conversation the same without them.
+    named = NO_TOOL_CALLS + "\n    tok.chat_template = \"{{ 'lookup ' }}\" + tok.chat_template"
+    result = run_targets(chat_project, sft("qwen", named, tools=True, max_length=96))
+    check_fails(result, "*the stored conversations' tool_calls (32 of 32 rows) are never trained*")
 
 
 def test_answers_cut_by_max_length_name_the_length_that_keeps_them(chat_project: pytest.Pytester) -> None:
@@ -471,3 +476,17 @@ def test_texts_packed_with_no_boundary_are_a_note(lm_project: pytest.Pytester) -
     notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
              for note in item["notes"]]
     assert any(note.startswith("the collator packs samples into one sequence with no boundary") for note in notes)
+
+
+def test_prompt_and_answer_samples_packed_with_no_boundary_attend_to_each_other(lm_project: pytest.Pytester) -> None:
+    # No stored conversation: the labels leave each sample's prompt out (-100), so each is an example of its own.
+    prompted = JOINED.format(mask=MASK_OF_ONES, collator="pack").replace(
+        'remove_columns=["text"])',
+        'remove_columns=["text"])\n    data = data.map(lambda row: {"labels": [-100, -100] + row["input_ids"][2:]})',
+    ).replace('"labels": torch.tensor([ids])}', '"labels": torch.tensor([[t for r in rows for t in r["labels"]]])}')
+    assert prompted.count('"labels"') == 3
+    write(lm_project, "train.py", prompted)
+    result = run_script(lm_project, "--trainer-stages=forward")
+    assert failures(result) == ["forward[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
+    result.stdout.fnmatch_lines(["*forward[[]cpu[]] failed: the collator packs samples into one sequence with no "
+                                 "boundary between them*these samples are separate conversations*"])

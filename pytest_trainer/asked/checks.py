@@ -15,6 +15,13 @@ from pytest_trainer.asked.view import ANSWER_FIELDS, Asked, Row
 
 #: A systematic defect (a template, a tokenizer setting) shows on this share of the rows it can show on, or more.
 MOST = 0.5
+#: How the chat templates of the models that use a field render it, for the fix.
+FIELD_TEMPLATES = {
+    "reasoning_content": "Qwen3's writes it between <think> and </think>",
+    "reasoning": "a reasoning model's template writes it before the answer, between its thinking tags",
+    "thinking": "a reasoning model's template writes it before the answer, between its thinking tags",
+    "tool_calls": "a tool-calling template writes each call, as Qwen2.5's does between <tool_call> and </tool_call>",
+}
 #: Truncation is a finding when it cuts the end off this share of the sampled answers, or more (a few long outliers
 #: cut is a trade-off, not a defect): below it, a note.
 CUT_SHARE = 0.25
@@ -192,7 +199,8 @@ def check_answers_trained(asked: Asked) -> None:
             held[name] += 1
             size = sum(len(part) for part in parts)
             total_chars += size
-            if not all(part in within for part in parts):
+            if not all(part in within for part in parts) or \
+                    (name in ANSWER_FIELDS and asked.drops(row, name, last_only=name != "tool_calls")):
                 lost[name] += 1
                 missing_chars += size
                 example = example or row
@@ -204,8 +212,8 @@ def check_answers_trained(asked: Asked) -> None:
     turns = [name for name in dropped if name not in ANSWER_FIELDS]
     fixes = []
     if fields:
-        fixes.append(f"use a chat template that renders {' and '.join(fields)} (Qwen3's writes reasoning_content "
-                     "between <think> and </think>; tool-calling templates write tool_calls), or move them into the "
+        shown = "; ".join(FIELD_TEMPLATES.get(name, name) for name in fields)
+        fixes.append(f"use a chat template that renders {' and '.join(fields)} ({shown}), or move them into the "
                      "message's content")
     if turns:
         fixes.append(f"use a chat template that renders every message ({' and '.join(turns)} are left out), as the "

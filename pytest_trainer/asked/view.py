@@ -263,6 +263,24 @@ class Asked:
         extra = {key: value for key, value in given.items() if value is not None} if isinstance(given, Mapping) else {}
         return {**({"tools": tools} if tools else {}), **extra}
 
+    def drops(self, row: Row, field: str, last_only: bool) -> bool:
+        """Whether the chat template renders the row's conversation the same without the assistant messages' `field`
+        (only the answer's, with `last_only`): what the template drops never reaches the model."""
+        found = self.conversation(row)
+        if found is None or self.template is None:
+            return False
+        messages = [*found[0], found[1]]
+        bare = [({key: value for key, value in message.items() if key != field}
+                 if message.get("role") == "assistant" and (not last_only or index == len(messages) - 1) else message)
+                for index, message in enumerate(messages)]
+        try:
+            rendered, without = (self.tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                                     **self.template_arguments(row))
+                                 for conversation in (messages, bare))
+        except Exception:  # a template that cannot render one of them: nothing is known
+            return False
+        return bool(rendered == without)
+
     def text(self, ids: Any) -> str:
         """The text of token ids (one or several), special tokens kept."""
         if self.tokenizer is None:

@@ -49,8 +49,17 @@ def _unmarked_documents(pipeline: Pipeline, model: Any, device: str) -> str | No
     if len(found) != 1 or fed.packed(found[0][1], len(found[0][0])) is None:
         return None
     samples, batch, stored = found[0]
-    conversations = any(isinstance(row, dict) and (row.get("messages") or row.get("completion")) for row in stored)
+    conversations = any(isinstance(row, dict) and (row.get("messages") or row.get("completion")) for row in stored) \
+        or any(_answers_a_prompt(sample) for sample in samples)
     return packing.check_unmarked_documents(model, samples, fed.moved(batch, device), conversations)
 
 
 STAGE = Stage("forward", rank=40, run=run, needs=("collate",))
+
+
+def _answers_a_prompt(sample: dict[str, Any]) -> bool:
+    """Whether a sample's labels leave a prompt out (-100 first, then trained tokens): an example of its own."""
+    labels: Any = sample.get("labels")
+    listed = labels.tolist() if hasattr(labels, "tolist") else labels
+    return isinstance(listed, list) and len(listed) > 1 and listed[0] == -100 and any(
+        label != -100 for label in listed if isinstance(label, int))
