@@ -54,19 +54,10 @@ def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any], checkpo
     cache = _cache_in_training(model, checkpointing)
     if cache is not None:
         given["use_cache"] = alone["use_cache"] = cache
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), diagnosis.pipeline_part("the model's forward on a packed row"):
-            packed_logits = model_facts.logits_of(model(**given))
-            alone_logits = model_facts.logits_of(model(**alone))
-    finally:
-        model.train(was_training)
-    if packed_logits is None or alone_logits is None or packed_logits.dim() != 3:
+    measured = _gap(model, given, alone, start, end)
+    if measured is None:
         return None
-    inside = packed_logits[:1, start:end].float()
-    gap = float((inside - alone_logits.float()).abs().max())
-    scale = max(1.0, float(alone_logits.float().abs().max()))
+    gap, scale = measured
     note = (f"packed documents kept apart: document 2 of the first packed row (tokens {start} to {end}) gets the "
             f"same logits alone (largest difference {gap:.3g})")
     if gap <= model_facts.output_tolerance(model, TOLERANCE) * scale:
@@ -113,9 +104,17 @@ def _cache_in_training(model: torch.nn.Module, checkpointing: bool) -> bool | No
 def _apart_without_cache(model: torch.nn.Module, given: dict[str, Any], alone: dict[str, Any], start: int, end: int,
                          scale: float) -> bool:
     """Whether the packed document gets its own logits once the model builds no cache (use_cache=False)."""
+    measured = _gap(model, {**given, "use_cache": False}, {**alone, "use_cache": False}, start, end)
+    return measured is not None and measured[0] <= model_facts.output_tolerance(model, TOLERANCE) * scale
+
+
+def _gap(model: torch.nn.Module, given: dict[str, Any], alone: dict[str, Any], start: int,
+         end: int) -> tuple[float, float] | None:
+    """(largest difference between the logits of tokens `start` to `end` of the packed row `given` and those of the
+    same document `alone`, the scale it is judged against: the largest logit, at least 1), in eval mode and without
+    gradients, the model's mode put back; None where the model returns no logits per token."""
     import torch
 
-    given, alone = {**given, "use_cache": False}, {**alone, "use_cache": False}
     was_training = model.training
     model.eval()
     try:
@@ -124,10 +123,10 @@ def _apart_without_cache(model: torch.nn.Module, given: dict[str, Any], alone: d
             alone_logits = model_facts.logits_of(model(**alone))
     finally:
         model.train(was_training)
-    if packed_logits is None or alone_logits is None:
-        return False
+    if packed_logits is None or alone_logits is None or packed_logits.dim() != 3:
+        return None
     gap = float((packed_logits[:1, start:end].float() - alone_logits.float()).abs().max())
-    return gap <= model_facts.output_tolerance(model, TOLERANCE) * scale
+    return gap, max(1.0, float(alone_logits.float().abs().max()))
 
 
 def check_unmarked_documents(model: torch.nn.Module, samples: list[dict[str, Any]], batch: dict[str, Any],
@@ -156,18 +155,11 @@ def check_unmarked_documents(model: torch.nn.Module, samples: list[dict[str, Any
     alone = {"input_ids": ids[:1, start:end]}
     if "attention_mask" in given:
         alone["attention_mask"] = torch.ones_like(alone["input_ids"])
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), diagnosis.pipeline_part("the model's forward on a packed row"):
-            packed_logits = model_facts.logits_of(model(**given))
-            alone_logits = model_facts.logits_of(model(**alone))
-    finally:
-        model.train(was_training)
-    if packed_logits is None or alone_logits is None or packed_logits.dim() != 3:
+    measured = _gap(model, given, alone, start, end)
+    if measured is None:
         return None
-    gap = float((packed_logits[:1, start:end].float() - alone_logits.float()).abs().max())
-    if gap <= model_facts.output_tolerance(model, TOLERANCE) * max(1.0, float(alone_logits.float().abs().max())):
+    gap, scale = measured
+    if gap <= model_facts.output_tolerance(model, TOLERANCE) * scale:
         return None
     line = (f"the collator packs samples into one sequence with no boundary between them (position_ids do not "
             f"restart): the second of two packed samples (tokens {start} to {end}) gets logits that differ by "
