@@ -77,24 +77,25 @@ def check_prompt_as_asked(asked: Asked) -> None:
 def check_answer_ends(asked: Asked, notes: list[str]) -> tuple[int, int]:
     """Every answer the model is trained on ends with a token generation stops at, and is not cut by truncation.
 
-    Returns (answers, answers that end on a stop token) for the report. Rows with no prompt and no stored
-    conversation (plain language modelling) are answers only in the sense of `check_eos_of_texts`.
+    Returns (answers, answers that end on a stop token) for the report. Plain texts (no prompt left out, no stored
+    conversation) are `check_eos_of_texts`'s.
     """
     answers = asked.answers
     if not answers or not asked.stops:
         return 0, 0
-    kinds = Counter(_ending(asked, row) for row in answers)
+    endings = [(row, _ending(asked, row)) for row in answers]
+    kinds = Counter(ending for _, ending in endings)
     stopped = kinds["stops"]
-    cut = [row for row in answers if _ending(asked, row) == "cut"]
+    cut = [row for row, ending in endings if ending == "cut"]
     if cut:
         _cut_answers(asked, answers, cut, notes)
     _cut_prompts(asked, answers, notes)
-    whole = [row for row in answers if _ending(asked, row) != "cut"]
+    whole = [(row, ending) for row, ending in endings if ending != "cut"]
     kind, count = next(((kind, count) for kind, count in kinds.most_common() if kind not in ("stops", "cut")),
                        ("", 0))
     if not whole or count < MOST * len(whole):
         return len(answers), stopped
-    row = next(row for row in whole if _ending(asked, row) == kind)
+    row = next(row for row, ending in whole if ending == kind)
     stops = ", ".join(repr(asked.text(token)) for token in asked.stops)
     where = next(iter(asked.stops.values()))
     shown = [f"row as trained ([[...]] marks the supervised tokens): {asked.marked(row)}"]
