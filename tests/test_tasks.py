@@ -340,6 +340,33 @@ def test_seq2seq_metrics_decoding_minus_100_fail_eval(project: pytest.Pytester) 
     result.stdout.fnmatch_lines(["*eval[[]cpu[]] failed*-100*"])
 
 
+#: The model starts its decoder with [CLS], which the tokenizer also puts at the start of every target.
+START_IN_LABELS = SEQ2SEQ.replace("decoder_start_token_id=tok.pad_token_id", "decoder_start_token_id=tok.cls_token_id")
+#: The same targets without it: the model prepends it itself.
+START_DROPPED = START_IN_LABELS.replace(
+    'encoded["labels"] = tok(text_target=batch["target"], truncation=True, max_length=8)["input_ids"]',
+    'encoded["labels"] = [ids[1:] for ids in tok(text_target=batch["target"], truncation=True, max_length=8)'
+    '["input_ids"]]')
+
+
+def test_seq2seq_labels_that_begin_with_the_decoder_start_token_are_named(project: pytest.Pytester) -> None:
+    assert START_IN_LABELS != SEQ2SEQ
+    write(project, "train.py", START_IN_LABELS)
+    result = run_script(project, "--trainer-stages=collate")
+    assert outcomes(result) == {"collate[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines([
+        "collate[[]cpu[]] failed: every label row of the first batch (8 rows) begins with '[[]CLS[]]' (id 2), the "
+        "decoder start token that T5ForConditionalGeneration puts before the labels itself when it shifts them right*",
+        "  fix: drop it from the labels, in the collator: *"])
+
+
+def test_seq2seq_labels_without_the_decoder_start_token_pass(project: pytest.Pytester) -> None:
+    assert START_DROPPED != START_IN_LABELS
+    write(project, "train.py", START_DROPPED)
+    result = run_script(project, "--trainer-stages=collate")
+    assert outcomes(result) == {"collate[cpu]": "PASSED"}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 5. DPO with TRL, and 6. packed SFT with TRL, on a tiny Llama.
 

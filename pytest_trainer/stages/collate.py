@@ -28,7 +28,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             f"the collator's batch holds values that are not tensors: {listed}; the model cannot take them",
             "make the data collator return tensors (return_tensors='pt'), or drop those columns from the dataset",
         )
-    check_target_padding(pipeline, batch)
     from pytest_trainer import vision_text
 
     vision_text.check_images_kept(pipeline, batch)
@@ -47,10 +46,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                             f"({type(error).__name__}: {error})")
     if loose:
         result.notes.append(f"values passed on as they are (not tensors): {', '.join(sorted(loose))}")
-    unmasked = check_masked_targets(pipeline, batch)
-    if unmasked is not None:
-        raise unmasked
+    diagnosis.findings_last([lambda: check_target_padding(pipeline, batch), lambda: check_start_token(pipeline, batch),
+                             lambda: _raise(check_masked_targets(pipeline, batch))])
     return result
+
+
+def _raise(found: diagnosis.Finding | None) -> None:
+    if found is not None:
+        raise found
 
 
 def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
@@ -68,6 +71,55 @@ def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
         raise diagnosis.pad_in_targets(
             int(values.reshape(-1)[index]), count, f"row {row} of the first batch the collator made"
         )
+
+
+def check_start_token(pipeline: Pipeline, batch: dict) -> None:
+    """Seq2seq labels that all begin with the decoder start token, which the model prepends itself.
+
+    An encoder-decoder shifts the labels right behind its `decoder_start_token_id` to make the decoder's inputs. A
+    tokenizer that starts every target with that token (Whisper's `<|startoftranscript|>`) leaves it twice in the
+    inputs, and as the first token to predict: the model learns to write it again after itself.
+    """
+    import torch
+
+    labels = batch.get("labels")
+    start = decoder_start(pipeline.model)
+    if pipeline.task.labels != tasks.DECODER_TARGETS or start is None or not torch.is_tensor(labels) \
+            or labels.dim() != 2:
+        return
+    supervised = labels != tasks.IGNORE_INDEX
+    rows = supervised.any(dim=1)
+    if int(rows.sum()) < 2:
+        return
+    firsts = labels.gather(1, supervised.int().argmax(dim=1, keepdim=True)).squeeze(1)[rows]
+    if not bool((firsts == start).all()):
+        return
+    given = getattr(pipeline.trainer, "processing_class", None)
+    tokenizer = getattr(given, "tokenizer", None) or given
+    try:
+        shown = f"{tokenizer.convert_ids_to_tokens(start)!r} (id {start})"  # type: ignore[union-attr]
+    except Exception:
+        shown = f"id {start}"
+    raise diagnosis.Finding(
+        f"every label row of the first batch ({int(rows.sum())} rows) begins with {shown}, the decoder start token "
+        f"that {type(model_facts.base_model(pipeline.model)).__name__} puts before the labels itself when it shifts "
+        "them right: the decoder is fed it twice and learns to write it first, so generation repeats it",
+        "drop it from the labels, in the collator: if (labels[:, 0] == model.config.decoder_start_token_id).all(): "
+        "labels = labels[:, 1:] (or tokenize the targets without it)",
+    )
+
+
+def decoder_start(model: object) -> int | None:
+    """The token an encoder-decoder puts before its labels: its config's decoder_start_token_id, or its generation
+    config's; None for a model that does not shift labels."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "is_encoder_decoder", False):
+        return None
+    for source in (config, getattr(model, "generation_config", None)):
+        found = getattr(source, "decoder_start_token_id", None)
+        if isinstance(found, int):
+            return found
+    return None
 
 
 def check_masked_targets(pipeline: Pipeline, batch: dict) -> diagnosis.Finding | None:

@@ -10,7 +10,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, metric_settings
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.tasks import IGNORE_INDEX
 
@@ -29,23 +29,59 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     splits = [split for split in pipeline.splits if split.description != "training"]
     result = StageResult("eval", device)
+    returned: list[metric_settings.Evaluated] = []
     for split in splits:
         data_checks.check_split(pipeline, split)
-        metrics = _evaluate(pipeline, device, split)
+        metrics, loss = _evaluate(pipeline, device, split)
         result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
+        returned.append(metric_settings.Evaluated("eval" if split.key is None else f"eval_{split.key}", loss,
+                                                   tuple(metrics)))
     # The evaluator the trainer runs beside its eval loss (sentence-transformers'), after the splits' own checks.
     model = pipeline.model_on(device)
     model.eval()
     evaluated = pipeline.family.evaluator(pipeline.trainer, model)
+    note = _check_settings(pipeline, returned, [*(evaluated or {}), *_logged(pipeline.trainer)])
     if not splits and evaluated is None:
         pytest.skip("the Trainer has no eval_dataset")
     if evaluated is not None:
         result.figures.update({f"evaluator_{name}": value for name, value in evaluated.items()})
         result.notes.append(f"the trainer's evaluator returned {', '.join(sorted(evaluated)) or 'no number'}")
+    result.notes.extend([note] if note else [])
     return result
 
 
-def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]:
+def _check_settings(pipeline: Pipeline, splits: list[metric_settings.Evaluated], logged: list[str]) -> str | None:
+    """The settings that read the evaluation's metrics (metric_for_best_model, ...), against what it returned."""
+    trainer = pipeline.trainer
+    names = [split.prefix.removeprefix("eval_") for split in splits if split.prefix != "eval"]
+    return metric_settings.check(
+        trainer.args, list(getattr(getattr(trainer, "callback_handler", None), "callbacks", [])),
+        metric_settings.returned(splits, logged), splits=names,
+        computes_metrics=trainer.compute_metrics is not None, unknown=_own_metrics(trainer))
+
+
+def _logged(trainer: Any) -> list[str]:
+    """The metrics a TRL trainer logs into each evaluation's metrics, as its prediction steps recorded them."""
+    recorded = getattr(trainer, "_metrics", None)
+    return list(recorded.get("eval", {})) if isinstance(recorded, dict) else []
+
+
+#: Libraries whose trainers' own evaluation metrics `_logged` and the evaluator read.
+KNOWN = ("transformers", "trl", "sentence_transformers")
+
+
+def _own_metrics(trainer: Any) -> list[str]:
+    """Trainer classes of another library or the script that override how an evaluation's metrics are made."""
+    found = []
+    for cls in type(trainer).__mro__:
+        overrides = {"evaluate", "evaluation_loop", "log", "_determine_best_metric"} & set(vars(cls))
+        if overrides and cls.__module__.split(".")[0] not in KNOWN:
+            found.append(f"{cls.__name__}.{sorted(overrides)[0]}")
+    return found
+
+
+def _evaluate(pipeline: Pipeline, device: str, split: Split) -> tuple[dict[str, float], bool]:
+    """The metrics compute_metrics returns on a few batches of `split`, and whether the prediction step gave a loss."""
     import torch
     from transformers import EvalPrediction
     from transformers.trainer_pt_utils import nested_concat, nested_numpify
@@ -59,10 +95,12 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]
         batches = list(itertools.islice(loader, BATCHES))
     predictions: Any = None
     labels: Any = None
+    loss = False
     for batch in batches:
         batch = {name: value.to(device) if torch.is_tensor(value) else value for name, value in batch.items()}
         with torch.no_grad(), diagnosis.pipeline_part("the Trainer's prediction step"):
-            _, logits, label_ids = pipeline.family.predict(trainer, model, batch, device)
+            step_loss, logits, label_ids = pipeline.family.predict(trainer, model, batch, device)
+        loss = loss or step_loss is not None
         if logits is not None and trainer.preprocess_logits_for_metrics is not None:
             with diagnosis.pipeline_part("preprocess_logits_for_metrics"):
                 logits = trainer.preprocess_logits_for_metrics(logits, label_ids)
@@ -71,8 +109,8 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]
                 nested_concat(predictions, logits, padding_index=IGNORE_INDEX)
         if label_ids is not None:
             labels = label_ids if labels is None else nested_concat(labels, label_ids, padding_index=IGNORE_INDEX)
-    if trainer.compute_metrics is None or predictions is None:
-        return {}
+    if trainer.compute_metrics is None or predictions is None or labels is None:
+        return {}, loss  # as the Trainer's evaluation loop: compute_metrics is called with predictions and labels
     prediction = EvalPrediction(predictions=nested_numpify(predictions),
                                 label_ids=nested_numpify(labels) if labels is not None else None)  # type: ignore[arg-type]
     try:
@@ -101,7 +139,7 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> dict[str, float]
             f"compute_metrics returned values that are not finite numbers: {bad}",
             "return plain finite numbers (float(...)); guard divisions by zero",
         )
-    return {name: float(value) for name, value in metrics.items()}
+    return {name: float(value) for name, value in metrics.items()}, loss
 
 
 def _holds_ignore_index(prediction: Any) -> bool:

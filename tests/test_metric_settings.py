@@ -1,0 +1,138 @@
+"""The settings that read an evaluation's metrics, held against what the evaluation returns (`eval`).
+
+`metric_for_best_model` naming a metric compute_metrics does not return crashes a real run at its first evaluation,
+an epoch in; `greater_is_better` against the metric keeps the worst checkpoint; a run that never evaluates keeps none.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+from conftest import outcomes, run_script, write
+
+from pytest_trainer import diagnosis, metric_settings
+
+SCRIPT = """
+    import tiny
+    from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
+
+    def compute_metrics(prediction):
+        predictions, labels = prediction
+        return {{"macro_f1": float((predictions.argmax(-1) == labels).mean())}}
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(), tok)
+    args = TrainingArguments(output_dir="out", per_device_eval_batch_size=8, report_to="none", {settings})
+    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, eval_dataset={evaluation},
+                      processing_class=tok, compute_metrics=compute_metrics{callbacks})
+"""
+
+BEST = 'eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True, '
+
+
+def run_eval(project: pytest.Pytester, settings: str, evaluation: str = "data", callbacks: str = "") -> pytest.RunResult:
+    write(project, "train.py", textwrap.dedent(SCRIPT).format(settings=settings, evaluation=evaluation,
+                                                              callbacks=callbacks))
+    return run_script(project, "--trainer-stages=eval")
+
+
+@pytest.mark.parametrize("settings", [
+    BEST + 'metric_for_best_model="macro_f1"',
+    BEST + 'metric_for_best_model="eval_macro_f1"',
+    BEST.replace("True", "True, eval_steps=2, save_steps=2").replace('"epoch"', '"steps"'),  # eval_loss, the default
+    'eval_strategy="epoch", metric_for_best_model="eval_loss"',
+], ids=["named", "prefixed", "default-loss", "no-reader"])
+def test_settings_reading_returned_metrics_pass(project: pytest.Pytester, settings: str) -> None:
+    result = run_eval(project, settings)
+    assert outcomes(result) == {"eval[cpu]": "PASSED"}, result.stdout.str()
+
+
+def test_best_metric_compute_metrics_does_not_return_is_named(project: pytest.Pytester) -> None:
+    result = run_eval(project, BEST + 'metric_for_best_model="f1"')
+    assert outcomes(result) == {"eval[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines([
+        "eval[[]cpu[]] failed: metric_for_best_model='f1' (load_best_model_at_end): the Trainer reads 'eval_f1' from "
+        "each evaluation's metrics, which hold eval_loss, eval_macro_f1; the run crashes with a KeyError at its first "
+        "evaluation (the end of the first epoch)",
+        "  fix: metric_for_best_model='macro_f1', a metric it returns"])
+
+
+def test_early_stopping_on_a_metric_of_a_split_dict_names_the_split(project: pytest.Pytester) -> None:
+    result = run_eval(project, BEST + 'metric_for_best_model="loss"', evaluation="{'dev': data, 'test': data}",
+                      callbacks=", callbacks=[EarlyStoppingCallback(early_stopping_patience=2)]")
+    assert outcomes(result) == {"eval[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines([
+        "eval[[]cpu[]] failed: metric_for_best_model='loss' (load_best_model_at_end, EarlyStoppingCallback): the "
+        "Trainer reads 'eval_loss' from *eval_dev_loss*",
+        "  fix: with several evaluation splits each metric is named by its split: metric_for_best_model="
+        "'eval_dev_loss'"])
+
+
+def test_greater_is_better_against_a_loss_like_metric(project: pytest.Pytester) -> None:
+    result = run_eval(project, BEST + 'metric_for_best_model="loss", greater_is_better=True')
+    assert outcomes(result) == {"eval[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines([
+        "eval[[]cpu[]] failed: metric_for_best_model='loss' is a metric where lower is better, but "
+        "greater_is_better=True: the best model (load_best_model_at_end) is the one with the highest loss, the worst",
+        "  fix: set greater_is_better=False in TrainingArguments"])
+
+
+def test_best_model_of_a_run_that_never_evaluates(project: pytest.Pytester) -> None:
+    result = run_eval(project, 'load_best_model_at_end=True, metric_for_best_model="macro_f1", save_strategy="no"')
+    assert outcomes(result) == {"eval[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines([
+        "eval[[]cpu[]] failed: the run's evaluations drive load_best_model_at_end, but eval_strategy='no': it never "
+        "evaluates, so no checkpoint is ever the best",
+        "  fix: evaluate during training: eval_strategy='epoch' (and save_strategy='epoch' for "
+        "load_best_model_at_end), or 'steps' with eval_steps"])
+
+
+def args(**settings: object) -> SimpleNamespace:
+    base = {"metric_for_best_model": None, "greater_is_better": None, "load_best_model_at_end": False,
+            "save_strategy": "no", "eval_strategy": "epoch", "eval_steps": None, "lr_scheduler_type": "linear",
+            "lr_scheduler_kwargs": {}, "prediction_loss_only": False, "eval_on_start": False}
+    return SimpleNamespace(**{**base, **settings})
+
+
+RETURNED = metric_settings.returned([metric_settings.Evaluated("eval", True, ("wer",))])
+
+
+@pytest.mark.parametrize(("name", "higher"), [
+    ("eval_loss", False), ("wer", False), ("eval_cer", False), ("eval_mean_token_accuracy", True), ("f1", True),
+    ("rougeL", True), ("eval_sts-dev_spearman_cosine", True), ("rewards/margins", None), ("score", None),
+    ("loss_accuracy", None),
+])
+def test_direction_of_a_metric_is_read_from_its_words(name: str, higher: bool | None) -> None:
+    assert metric_settings.direction(name) is higher
+
+
+def test_plateau_scheduler_against_the_metric_direction() -> None:
+    plateau = args(metric_for_best_model="wer", greater_is_better=False, lr_scheduler_type="reduce_lr_on_plateau")
+    assert metric_settings.check(plateau, [], RETURNED) is None
+    plateau.lr_scheduler_kwargs = {"mode": "max"}
+    with pytest.raises(diagnosis.PipelineFailure, match=r"cuts the learning rate while the model improves"):
+        metric_settings.check(plateau, [], RETURNED)
+
+
+def test_save_best_without_evaluations_saves_nothing() -> None:
+    with pytest.raises(diagnosis.PipelineFailure, match=r"eval_strategy='no'.*and none is saved"):
+        metric_settings.check(args(metric_for_best_model="wer", greater_is_better=False, save_strategy="best",
+                                   eval_strategy="no"), [], RETURNED)
+
+
+def test_a_trainer_adding_metrics_of_its_own_gets_a_note_not_a_failure() -> None:
+    note = metric_settings.check(args(metric_for_best_model="bleu", greater_is_better=True,
+                                      load_best_model_at_end=True), [], RETURNED, unknown=["MyTrainer.log"])
+    assert note == ("metric_for_best_model='bleu' not held against the metrics: MyTrainer.log adds metrics of its own "
+                    "to each evaluation")
+
+
+def test_metrics_without_compute_metrics_name_it_as_the_fix() -> None:
+    with pytest.raises(diagnosis.PipelineFailure) as raised:
+        metric_settings.check(args(metric_for_best_model="accuracy", greater_is_better=True,
+                                   load_best_model_at_end=True), [],
+                              metric_settings.returned([metric_settings.Evaluated("eval", True, ())]),
+                              computes_metrics=False)
+    assert raised.value.fix == "pass compute_metrics= a function returning {'accuracy': ...}"
