@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "pytest_trainer.strategies", "pytest_trainer.search", "pytest_trainer.memory", "pytest_trainer.accumulation",
      "pytest_trainer.reward_checks", "pytest_trainer.vision_text", "pytest_trainer.rank_checks",
      "pytest_trainer.pictures", "pytest_trainer.asked", "pytest_trainer.asked.checks",
-     "pytest_trainer.asked.packing", "pytest_trainer.asked.pairs"),
+     "pytest_trainer.asked.packing", "pytest_trainer.asked.pairs", "pytest_trainer.overlap"),
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
     ("pytest_trainer.families", "pytest_trainer.fed", "pytest_trainer.training", "pytest_trainer.losses",
      "pytest_trainer.adapters", "pytest_trainer.sampling", "pytest_trainer.processes",

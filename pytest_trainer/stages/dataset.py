@@ -5,11 +5,13 @@ The checks themselves are in `data_checks`, shared with the `eval` stage, which 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
+    from pytest_trainer.fed import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
 
@@ -21,7 +23,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     notes: list[str] = []
     table = data_checks.check_split(pipeline, split, lambda: data_checks.check_labels_present(pipeline, split.table),
                                     lambda: data_checks.check_labels_vary(pipeline, split),
-                                    lambda: notes.extend(pipeline.family.check_training(pipeline.trainer, split)))
+                                    lambda: notes.extend(pipeline.family.check_training(pipeline.trainer, split)),
+                                    lambda: notes.extend(_overlaps(pipeline)))
     result = StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
     result.notes.append(f"task: {pipeline.task.name}")
     result.notes.extend(notes)
@@ -33,6 +36,24 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if split.opaque:
         result.notes.append(f"not checked (values Arrow cannot hold): {', '.join(split.opaque)}")
     return result
+
+
+def _overlaps(pipeline: Pipeline) -> list[str]:
+    """Notes of evaluation rows that are training rows; a finding where they sway an evaluation split's metrics."""
+    from pytest_trainer import diagnosis, overlap
+
+    column = pipeline.task.sequence
+    if column is None:
+        return []
+    notes: list[str] = []
+
+    def one(split: FedSplit) -> None:
+        note = overlap.check(pipeline.training, split, column, pipeline.decoded)
+        notes.extend([note] if note else [])
+
+    diagnosis.findings_last([functools.partial(one, split) for split in pipeline.splits
+                             if split.description != "training"])
+    return notes
 
 
 STAGE = Stage("dataset", rank=10, run=run)
