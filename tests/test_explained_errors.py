@@ -186,8 +186,18 @@ ON_THE_FLY = """
     trainer.train()
 """
 
+#: A model of one's own whose forward takes its inputs as **inputs: the Trainer keeps no column it does not name.
+KWARGS_FORWARD = CUSTOM_MODEL.format(labels="", after="", args="").replace(
+    "def forward(self, input_ids, attention_mask=None):\n            logits = self.head(self.embed(input_ids).mean(1))",
+    "def forward(self, **inputs):\n            logits = self.head(self.embed(inputs['input_ids']).mean(1))\n"
+    "            labels = inputs['labels']")
+
 #: Scripts whose error surfaces while the data is read or collated.
 DATA = {
+    "kwargs_forward.py": (KWARGS_FORWARD,
+                          "collate[[]cpu[]] failed: Classifier.forward(**inputs) names no input: the Trainer keeps only "
+                          "the columns the forward's signature names (and the labels), so it dropped 'input_ids', "
+                          "*without 'labels' in the signature the evaluation also computes no loss"),
     "token_labels.py": (TOKEN_LABELS,
                         "collate[[]cpu[]] failed: the 'labels' of the first rows have different lengths (*): "
                         "DataCollatorWithPadding pads the tokenizer's inputs but not labels*"),
@@ -212,9 +222,25 @@ def test_errors_of_the_data_are_shown_with_their_cause(project: pytest.Pytester)
         "*fix: map the names to ids before training: dataset = dataset.class_encode_column('label')*",
         "*fix: set remove_unused_columns=False in TrainingArguments*",
     ])
+    result.stdout.fnmatch_lines([
+        "*fix: name the inputs: def forward(self, input_ids, attention_mask=None, labels=None), or keep every column "
+        "with TrainingArguments(remove_unused_columns=False, label_names=[[]'labels'[]])"])
     # A wrong fix is worse than none: the fix never offers the collator the script already uses.
     assert "fix: use data_collator=DataCollatorWithPadding" not in output
     assert "not yet explained by pytest-trainer" not in output, output[-6000:]
+
+
+def test_a_forward_of_inputs_kept_whole_passes(project: pytest.Pytester) -> None:
+    """The fix of a forward(**inputs): every column kept, the labels named."""
+    script = KWARGS_FORWARD.replace('report_to="none"', 'report_to="none", remove_unused_columns=False, '
+                                    'label_names=["labels"]').replace("train_dataset=data,",
+                                                                      "train_dataset=data, eval_dataset=data,")
+    assert script != KWARGS_FORWARD
+    write(project, "train.py", script)
+    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu",
+                               "--trainer-stages=collate,forward,backward,eval", "-v")
+    assert failures(result) == [], result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=5)
 
 
 GRPO = """
