@@ -82,6 +82,9 @@ class Sandbox:
     sample: int = 0
     #: per_device_train_batch_size forced on the Trainer (0 keeps the script's).
     batch_size: int = 0
+    #: Seed of the random state the script starts from. Each rank of `distributed` gets its own (SCRIPT_SEED + rank),
+    #: as each process of a real torchrun job starts from its own OS entropy: unseeded shuffles and splits differ there.
+    seed: int = SCRIPT_SEED
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
     output = _Tail()
     with (
         _folders_put_back_on_error(capture.folders),
-        _process_state_restored(script, script_args),
+        _process_state_restored(script, script_args, sandbox.seed),
         _sandboxed_transformers(sandbox, capture),
         _sampled_datasets(sandbox.sample, capture),
         output,
@@ -470,7 +473,7 @@ def _sample(loaded: Any, rows: int, capture: _Capture, source: str, split: str =
 
 
 @contextmanager
-def _process_state_restored(script: Path, script_args: tuple[str, ...]) -> Iterator[None]:
+def _process_state_restored(script: Path, script_args: tuple[str, ...], seed: int = SCRIPT_SEED) -> Iterator[None]:
     """Give the script the process `python script` would, and take back everything it changed (signal handlers
     included)."""
     import numpy
@@ -490,9 +493,9 @@ def _process_state_restored(script: Path, script_args: tuple[str, ...]) -> Itera
     sys.path.insert(0, str(script.parent))
     # A fresh process would start from the same random state whatever ran before: so does the script,
     # so a model it builds before seeding anything gets the same weights in every run.
-    random.seed(SCRIPT_SEED)
-    numpy.random.seed(SCRIPT_SEED)
-    torch.manual_seed(SCRIPT_SEED)
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
     try:
         with warnings.catch_warnings():
             yield

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_trainer import diagnosis, families, sharding, training
-from pytest_trainer.loading import Sandbox, load_trainer
+from pytest_trainer.loading import SCRIPT_SEED, Sandbox, load_trainer
 
 #: Rows of a split whose digest is compared between ranks (spread over the split), and rows counted of a stream.
 DIGEST_ROWS = 512
@@ -77,7 +77,8 @@ def main(job_path: str) -> int:
 
 def run(job: dict[str, Any], record: Record, rank: int) -> None:
     record["progress"] = "running the script up to trainer.train()"
-    sandbox = Sandbox(Path(job["output_dir"]), job["sample"], job["batch_size"])
+    sandbox = Sandbox(Path(job["output_dir"]), job["sample"], job["batch_size"],
+                      seed=SCRIPT_SEED + rank)  # rank 0 as the pytest process; the others each their own
     loaded = load_trainer(Path(job["script"]), tuple(job["script_args"]), job["factory"], sandbox)
     trainer = loaded.trainer
     record["progress"] = "reading the data the script built"

@@ -177,6 +177,31 @@ def test_data_built_differently_in_each_process_fails_first(project: pytest.Pyte
     assert "train_test_split(seed=42)" in result.stdout.str()
 
 
+UNSEEDED_SPLIT = """
+    import tiny
+    from transformers import Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(40), tok)
+    splits = data.train_test_split(test_size=0.25{seed})  # before the Trainer seeds anything
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=splits["train"], eval_dataset=splits["test"],
+                      processing_class=tok)
+    trainer.train()
+"""
+
+
+@pytest.mark.parametrize(("seed", "outcome"), [("", "FAILED"), (", seed=42", "PASSED")], ids=["unseeded", "seeded"])
+def test_each_process_starts_from_its_own_random_state(project: pytest.Pytester, seed: str, outcome: str) -> None:
+    """As in a torchrun job, where each process seeds Python's and numpy's generators from the OS: an unseeded split
+    made before the Trainer (which seeds them all alike) differs from one process to the next."""
+    write(project, "train.py", UNSEEDED_SPLIT.format(seed=seed))
+    result = run_distributed(project)
+    assert outcomes(result) == {"distributed[cpu]": outcome}, result.stdout.str()[-3000:]
+    if outcome == "FAILED":
+        assert "the 2 processes built different data from the same script (the train split" in failure(result)
+
+
 def test_a_rank_that_hangs_is_named_and_never_hangs_the_session(project: pytest.Pytester) -> None:
     write(project, "train.py", """
         import os
