@@ -748,6 +748,108 @@ def _best_model_steps(match: re.Match[str], error: BaseException) -> Explained:
     )
 
 
+_UNEXPECTED = r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'"
+
+
+def _arguments_class(name: str) -> bool:
+    return name.endswith(("Arguments", "Config"))
+
+
+@_row(SCRIPT, "an argument transformers 5 or TRL 1.x renamed or removed (TrainingArguments and the TRL configs)",
+      "TypeError: TrainingArguments.__init__() got an unexpected keyword argument 'evaluation_strategy'",
+      _UNEXPECTED, "load")
+def _renamed_argument(match: re.Match[str], error: BaseException) -> Explained | None:
+    from pytest_trainer import renames
+
+    where, old = match.group(1), match.group(2)
+    if not isinstance(error, TypeError) or not _arguments_class(where):
+        return None
+    change = renames.CONFIG_FIELDS.get(where, {}).get(old) or renames.ARGUMENTS.get(old)
+    if change is None:
+        return None
+    library = "trl" if change.release.startswith("TRL") else "transformers"
+    return Explained(
+        f"{change.told(where)}; this machine has {renames.library_release(library)}, and the script was written for "
+        "an older release",
+        change.fix(f"{where}(...)"),
+    )
+
+
+@_row(SCRIPT, "a trainer argument renamed, or moved into the TRL config",
+      "TypeError: Trainer.__init__() got an unexpected keyword argument 'tokenizer'", _UNEXPECTED, "load")
+def _renamed_trainer_argument(match: re.Match[str], error: BaseException) -> Explained | None:
+    from pytest_trainer import renames
+
+    where, old = match.group(1), match.group(2)
+    if not isinstance(error, TypeError) or not where.endswith("Trainer"):
+        return None
+    change = renames.TRAINER_ARGUMENTS.get(where, {}).get(old) or renames.TRAINER_ARGUMENTS["*"].get(old)
+    if change is not None:
+        return Explained(f"{change.told(where)} (this machine has {renames.library_release('transformers')}, "
+                         f"{renames.library_release('trl')})", change.fix(f"{where}(...)"))
+    config, moved = renames.MOVED_TO_CONFIG.get(where, ("", ()))
+    if old not in moved:
+        return None
+    return Explained(
+        f"{where} takes no {old!r} since TRL 0.13: the trainer's settings moved into its {config} (this machine has "
+        f"{renames.library_release('trl')})",
+        f"set it in the config: args = {config}(..., {old}=...), and pass {where}(..., args=args)",
+    )
+
+
+@_row(SCRIPT, "a from_pretrained keyword transformers 5 removed",
+      "TypeError: LlamaForCausalLM.__init__() got an unexpected keyword argument 'load_in_4bit'", _UNEXPECTED, "load")
+def _renamed_loading_keyword(match: re.Match[str], error: BaseException) -> Explained | None:
+    from pytest_trainer import renames
+
+    where, old = match.group(1), match.group(2)
+    change = renames.LOADING.get(old)
+    if not isinstance(error, TypeError) or change is None or _arguments_class(where) or where.endswith("Trainer"):
+        return None
+    return Explained(
+        f"from_pretrained passed {old!r} on to {where}, which does not take it: "
+        f"{change.told('from_pretrained')} (this machine has {renames.library_release('transformers')})",
+        change.fix("from_pretrained(...)"),
+    )
+
+
+@_row(SCRIPT, "a name transformers 5 or TRL 1.x no longer exports",
+      "ImportError: cannot import name 'DataCollatorForCompletionOnlyLM' from 'trl'",
+      r"cannot import name '(\w+)' from '([\w.]+)'", "load")
+def _removed_import(match: re.Match[str], error: BaseException) -> Explained | None:
+    from pytest_trainer import renames
+
+    name, module = match.group(1), match.group(2)
+    change = renames.IMPORTS.get(name)
+    if change is None or not isinstance(error, ImportError):
+        return None
+    library = module.split(".")[0]
+    return Explained(
+        f"{module} has no {name!r} since {change.release} (this machine has {renames.library_release(library)})",
+        change.new if change.new.startswith("from ") or not change.renamed else f"import {change.new} instead",
+    )
+
+
+@_row(SCRIPT, "a TRL trainer given plain TrainingArguments",
+      "AttributeError: 'TrainingArguments' object has no attribute 'model_init_kwargs'",
+      r"'(TrainingArguments|\w+Config)' object has no attribute '(\w+)'", "load")
+def _trl_arguments(match: re.Match[str], error: BaseException) -> Explained | None:
+    given = match.group(1)
+    trainer = _local_of_type(error, "self", lambda value: type(value).__name__.endswith("Trainer"))
+    if trainer is None or not _raised_in(error, "/trl/"):
+        return None
+    name = type(trainer).__name__
+    wanted = name.replace("Trainer", "Config")
+    if given == wanted:
+        return None
+    return Explained(
+        f"{name} was given a {given}, which has no {match.group(2)!r}: each TRL trainer reads its own config's "
+        f"settings, and {name} takes a {wanted}",
+        f"args = {wanted}(output_dir=..., ...) with the same settings (it is a TrainingArguments too), and pass "
+        f"{name}(..., args=args)",
+    )
+
+
 # ---- what the script rows read from the traceback ---------------------------------------------------------------
 
 

@@ -136,6 +136,9 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             where = f"{error.filename}:{error.lineno}" if error.filename else None
             raise ScriptError(script, f"syntax error: {error.msg}", "fix the syntax of the script", where) from error
         except ImportError as error:
+            explained = script_errors.explain(error)  # a name a newer release of the library no longer has
+            if explained is not None:
+                raise ScriptError(script, *explained, _script_frame(script, error)) from error
             raise ScriptError(
                 script,
                 f"import failed: {error}",
