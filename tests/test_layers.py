@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer.tasks",),  # what a task's labels and inputs are
     ("pytest_trainer.model_facts", "pytest_trainer.tables", "pytest_trainer.devices", "pytest_trainer.settings",
      "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack",
-     "pytest_trainer.user_files", "pytest_trainer.metric_settings"),  # facts
+     "pytest_trainer.user_files", "pytest_trainer.metric_settings", "pytest_trainer.renames"),  # facts
 )
 
 
