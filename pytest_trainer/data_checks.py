@@ -60,6 +60,10 @@ def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
             raise images from error
         if text and pipeline.task.conventional:
             raise diagnosis.untokenized(split.description, text, model_input) from error
+        named = model_facts.unnamed_inputs(pipeline.model)
+        if named is not None:
+            raise diagnosis.unnamed_inputs(type(model_facts.base_model(pipeline.model)).__name__, named,
+                                           raw.column_names) from error
         signature = fed.signature_columns(pipeline.trainer)
         taken = [name for name in signature if name not in ("args", "kwargs")]
         raise diagnosis.no_matching_columns(split.description, raw.column_names, taken) from error

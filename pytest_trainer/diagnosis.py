@@ -190,6 +190,17 @@ def no_matching_columns(split: str, columns: Sequence[str], taken: Sequence[str]
     )
 
 
+def unnamed_inputs(model: str, parameters: Sequence[str], dropped: Sequence[str]) -> PipelineFailure:
+    """A forward(**inputs) names no input: the Trainer keeps only the columns a forward names, and the labels."""
+    return PipelineFailure(
+        f"{model}.forward({', '.join(parameters)}) names no input: the Trainer keeps only the columns the forward's "
+        f"signature names (and the labels), so it dropped {', '.join(repr(name) for name in dropped)}; without "
+        "'labels' in the signature the evaluation also computes no loss",
+        "name the inputs: def forward(self, input_ids, attention_mask=None, labels=None), or keep every column "
+        "with TrainingArguments(remove_unused_columns=False, label_names=['labels'])",
+    )
+
+
 def pad_in_targets(pad: int, count: int, where: str) -> Finding:
     return Finding(
         f"the labels hold the pad id {pad} ({where} and {count} positions in all) instead of -100: the loss "

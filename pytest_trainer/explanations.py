@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, model_facts
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -451,35 +451,13 @@ def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Pipe
             f"tokenize it first: tokenized = raw.map(lambda batch: tokenizer(batch[{text[0]!r}], truncation=True), "
             "batched=True), and pass the tokenized split to the Trainer",
         )
-    named = _forward_names(facts)
-    if named is not None and removed and getattr(getattr(facts.trainer, "args", None), "remove_unused_columns", True):
-        model = _model_name(facts)
-        return Explained(
-            f"{model}.forward({', '.join(named)}) names no input: the Trainer keeps only the columns the forward's "
-            f"signature names (and the labels), so it dropped {', '.join(repr(name) for name in removed)}; without "
-            "'labels' in the signature the evaluation also computes no loss",
-            "name the inputs: def forward(self, input_ids, attention_mask=None, labels=None), or keep every column "
-            "with TrainingArguments(remove_unused_columns=False, label_names=['labels'])",
-        )
-    return None
-
-
-def _forward_names(facts: Pipeline) -> list[str] | None:
-    """The forward's parameters as written, where it names no input but takes them all (`**inputs`); else None."""
-    import inspect
-
     try:
-        model = facts.model
-        base = getattr(model, "get_base_model", None)
-        parameters = list(inspect.signature((base() if callable(base) else model).forward).parameters.values())
+        named = model_facts.unnamed_inputs(facts.model)
     except Exception:
-        return None
-    if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
-        return None
-    if any(parameter.name in TOKENIZER_OUTPUTS for parameter in parameters):
-        return None
-    return [("**" if parameter.kind is parameter.VAR_KEYWORD else "*" if parameter.kind is parameter.VAR_POSITIONAL
-             else "") + parameter.name for parameter in parameters]
+        named = None
+    if named is not None and removed and getattr(getattr(facts.trainer, "args", None), "remove_unused_columns", True):
+        return diagnosis.unnamed_inputs(_model_name(facts), named, removed)
+    return None
 
 
 @_row(PIPELINE, "a tokenizer output the model's generate does not take (online RL sampling)",

@@ -53,9 +53,15 @@ def returned(splits: Sequence[Evaluated], logged: Iterable[str] = ()) -> set[str
     return found | {name if name.startswith("eval_") else f"eval_{name}" for name in logged}
 
 
+#: Words that turn a metric around ("neg_loss"): a name with one of them is not judged.
+TURNED = frozenset({"neg", "negative", "inverse", "inv", "minus", "one"})
+
+
 def direction(name: str) -> bool | None:
     """Whether higher values of the metric `name` are better, where its words say so; else None."""
     words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    if words & TURNED:
+        return None
     lower, higher = bool(words & LOWER_IS_BETTER), bool(words & HIGHER_IS_BETTER)
     return None if lower == higher else higher
 
@@ -95,10 +101,12 @@ def check(args: Any, callbacks: Sequence[Any], names: set[str], *, splits: Seque
         raise diagnosis.PipelineFailure(*_missing(metric, key, names, reading, splits, computes_metrics, args))
     better = direction(key.removeprefix("eval_"))
     if better is not None and reading and bool(args.greater_is_better) != better:
+        default = " (the default for a name that does not end in 'loss')" if args.greater_is_better and \
+            not metric.endswith("loss") else ""
         raise diagnosis.PipelineFailure(
             f"metric_for_best_model={metric!r} is a metric where {'higher' if better else 'lower'} is better, but "
-            f"greater_is_better={bool(args.greater_is_better)}: the best model ({', '.join(reading)}) is the one with "
-            f"the {'lowest' if better else 'highest'} {metric}, the worst",
+            f"greater_is_better={bool(args.greater_is_better)}{default}: the best model ({', '.join(reading)}) is the "
+            f"one with the {'lowest' if better else 'highest'} {metric}, the worst",
             f"set greater_is_better={better} in TrainingArguments",
         )
     if better is not None and "lr_scheduler_type='reduce_lr_on_plateau'" in reading:

@@ -75,6 +75,25 @@ def forward_parameters(model: Any) -> set[str]:
     return set(inspect.signature(base_model(model).forward).parameters)
 
 
+#: What a tokenizer returns: a forward that names one of them names its inputs.
+TOKENIZER_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds", "pixel_values",
+                    "input_features", "input_values")
+
+
+def unnamed_inputs(model: Any) -> list[str] | None:
+    """The forward's parameters as written (`**inputs` included) where it takes its inputs as keywords it does not
+    name, so that the Trainer's remove_unused_columns keeps no input column; None where it names them."""
+    try:
+        parameters = list(inspect.signature(base_model(model).forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters) \
+            or any(parameter.name in TOKENIZER_INPUTS for parameter in parameters):
+        return None
+    marks: dict[Any, str] = {inspect.Parameter.VAR_KEYWORD: "**", inspect.Parameter.VAR_POSITIONAL: "*"}
+    return [marks.get(parameter.kind, "") + parameter.name for parameter in parameters]
+
+
 def batches_given_features(collator: Any) -> bool:
     """A collator of transformers itself, which batches (and pads) the features it is given and builds no input."""
     return type(collator).__module__.startswith("transformers.") or getattr(collator, "__module__", "").startswith(

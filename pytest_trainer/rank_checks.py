@@ -99,8 +99,10 @@ def different_data(ranks: Ranks) -> diagnosis.PipelineFailure | None:
         return None
     return diagnosis.PipelineFailure(
         f"the {len(built)} processes built different data from the same script ({differing[0].split(':')[0]}): each "
-        "rank runs the script in a fresh interpreter, and something in it differs between two (unseeded "
-        "randomness, the order of a set of strings, which changes with each interpreter's hash seed)",
+        "rank runs the script in a fresh interpreter, and something in it differs between two: randomness drawn "
+        "before the Trainer seeds it (a split or shuffle made before Trainer(...) is built: each process of a "
+        "torchrun job starts from its own random state), or the order of a set of strings, which changes with "
+        "each interpreter's hash seed",
         "make the data the same in every process: seed shuffles and splits (dataset.shuffle(seed=42), "
         "train_test_split(seed=42)), call set_seed(...) before building it, and sort a set before making a label "
         "map from it (sorted(set(labels)))",

@@ -45,7 +45,7 @@ T5, TRL = "transformers 5.0", "TRL"
 #: Fields of TrainingArguments, and so of every TRL config and Seq2SeqTrainingArguments.
 ARGUMENTS = _table(
     Change("evaluation_strategy", "eval_strategy", "transformers 4.46"),
-    Change("no_cuda", "use_cpu=True", T5),
+    Change("no_cuda", "use_cpu", T5),
     Change("warmup_ratio", "warmup_steps, which takes the same ratio (a value below 1 is a share of the steps)",
            "transformers 5"),
     Change("logging_dir", "set the TENSORBOARD_LOGGING_DIR environment variable instead", "transformers 5", False),
@@ -131,8 +131,9 @@ LOADING = _table(
 
 #: Names that can no longer be imported, with what to use instead.
 IMPORTS = _table(
-    Change("DataCollatorForCompletionOnlyLM", "SFTConfig(completion_only_loss=True) on 'prompt'/'completion' rows "
-           "(the default), or SFTConfig(assistant_only_loss=True) on conversations", "TRL 0.20", False),
+    Change("DataCollatorForCompletionOnlyLM", "SFTTrainer trains on the completion only by itself: split each text "
+           "at its response template into 'prompt' and 'completion' columns (SFTConfig(completion_only_loss=True), "
+           "the default), or train on 'messages' with SFTConfig(assistant_only_loss=True)", "TRL 0.20", False),
     Change("PPOTrainer", "GRPOTrainer or RLOOTrainer, which need no value model", "TRL 0.29", False),
     Change("PPOConfig", "GRPOConfig or RLOOConfig", "TRL 0.29", False),
     Change("AutoModelForCausalLMWithValueHead", "GRPOTrainer or RLOOTrainer, which need no value head", "TRL 0.29",

@@ -102,7 +102,7 @@ RETURNED = metric_settings.returned([metric_settings.Evaluated("eval", True, ("w
 @pytest.mark.parametrize(("name", "higher"), [
     ("eval_loss", False), ("wer", False), ("eval_cer", False), ("eval_mean_token_accuracy", True), ("f1", True),
     ("rougeL", True), ("eval_sts-dev_spearman_cosine", True), ("rewards/margins", None), ("score", None),
-    ("loss_accuracy", None),
+    ("loss_accuracy", None), ("neg_loss", None), ("one_minus_wer", None),
 ])
 def test_direction_of_a_metric_is_read_from_its_words(name: str, higher: bool | None) -> None:
     assert metric_settings.direction(name) is higher
@@ -114,6 +114,18 @@ def test_plateau_scheduler_against_the_metric_direction() -> None:
     plateau.lr_scheduler_kwargs = {"mode": "max"}
     with pytest.raises(diagnosis.PipelineFailure, match=r"cuts the learning rate while the model improves"):
         metric_settings.check(plateau, [], RETURNED)
+
+
+def test_greater_is_better_left_to_its_default_for_an_error_rate_says_so() -> None:
+    """TrainingArguments makes greater_is_better True for any name that does not end in 'loss': 'wer' among them."""
+    with pytest.raises(diagnosis.PipelineFailure) as raised:
+        metric_settings.check(args(metric_for_best_model="wer", greater_is_better=True, load_best_model_at_end=True),
+                              [], RETURNED)
+    assert raised.value.cause == (
+        "metric_for_best_model='wer' is a metric where lower is better, but greater_is_better=True (the default for a "
+        "name that does not end in 'loss'): the best model (load_best_model_at_end) is the one with the highest wer, "
+        "the worst")
+    assert raised.value.fix == "set greater_is_better=False in TrainingArguments"
 
 
 def test_save_best_without_evaluations_saves_nothing() -> None:

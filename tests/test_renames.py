@@ -138,8 +138,9 @@ FAMILIES = {
     "completion_collator.py": (
         "from trl import DataCollatorForCompletionOnlyLM\n",
         "trl has no 'DataCollatorForCompletionOnlyLM' since TRL 0.20 (this machine has trl *)",
-        "SFTConfig(completion_only_loss=True) on 'prompt'/'completion' rows (the default), or "
-        "SFTConfig(assistant_only_loss=True) on conversations"),
+        "SFTTrainer trains on the completion only by itself: split each text at its response template into 'prompt' "
+        "and 'completion' columns (SFTConfig(completion_only_loss=True), the default), or train on 'messages' with "
+        "SFTConfig(assistant_only_loss=True)"),
     "grpo_training_arguments.py": (
         GRPO_WITH_TRAINING_ARGUMENTS,
         "GRPOTrainer was given a TrainingArguments, which has no '*': each TRL trainer reads its own config's "
@@ -152,8 +153,8 @@ FAMILIES = {
 FAMILIES_5 = {
     "no_cuda.py": (
         SCRIPT.format(arguments=", no_cuda=True", trainer="processing_class=tok"),
-        "TrainingArguments takes no 'no_cuda' since transformers 5.0: it was renamed use_cpu=True*",
-        "in TrainingArguments(...), write use_cpu=True where the script writes no_cuda=..."),
+        "TrainingArguments takes no 'no_cuda' since transformers 5.0: it was renamed use_cpu*",
+        "in TrainingArguments(...), write use_cpu=... where the script writes no_cuda=..."),
     "warmup_ratio.py": (
         SCRIPT.format(arguments=", warmup_ratio=0.1", trainer="processing_class=tok"),
         "TrainingArguments takes no 'warmup_ratio' since transformers 5: it was renamed warmup_steps, which takes "
