@@ -190,15 +190,24 @@ def no_matching_columns(split: str, columns: Sequence[str], taken: Sequence[str]
     )
 
 
-def unnamed_inputs(model: str, parameters: Sequence[str], dropped: Sequence[str]) -> PipelineFailure:
-    """A forward(**inputs) names no input: the Trainer keeps only the columns a forward names, and the labels."""
+def unnamed_inputs(model: str, parameters: Sequence[str], dropped: Sequence[str],
+                   columns: Sequence[str] = ()) -> PipelineFailure:
+    """A forward(**inputs) names no input: the Trainer keeps only the columns a forward names, and the labels.
+    `columns` are the split's columns as stored (the fix names them all), `dropped` those the Trainer dropped."""
     return PipelineFailure(
         f"{model}.forward({', '.join(parameters)}) names no input: the Trainer keeps only the columns the forward's "
         f"signature names (and the labels), so it dropped {', '.join(repr(name) for name in dropped)}; without "
         "'labels' in the signature the evaluation also computes no loss",
-        "name the inputs: def forward(self, input_ids, attention_mask=None, labels=None), or keep every column "
-        "with TrainingArguments(remove_unused_columns=False, label_names=['labels'])",
+        f"name the inputs: def forward(self, {', '.join(_parameters(columns or dropped))}), or keep every column with "
+        "TrainingArguments(remove_unused_columns=False, label_names=['labels'])",
     )
+
+
+def _parameters(columns: Sequence[str]) -> list[str]:
+    """The parameters a forward names to take these columns: the labels last (a collator renames 'label')."""
+    labels = {"label", "labels", "label_ids"}
+    inputs = [name for name in columns if name not in labels]
+    return [*inputs, *(["labels=None"] if labels & set(columns) else [])]
 
 
 def pad_in_targets(pad: int, count: int, where: str) -> Finding:

@@ -456,7 +456,11 @@ def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Pipe
     except Exception:
         named = None
     if named is not None and removed and getattr(getattr(facts.trainer, "args", None), "remove_unused_columns", True):
-        return diagnosis.unnamed_inputs(_model_name(facts), named, removed)
+        try:
+            stored = list(facts.training.given.column_names)
+        except Exception:
+            stored = removed
+        return diagnosis.unnamed_inputs(_model_name(facts), named, removed, stored)
     return None
 
 

@@ -748,9 +748,10 @@ def test_columns_that_match_no_forward_parameter_are_named(project: pytest.Pytes
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines([
-        "dataset[[]cpu[]] failed: no column of the training dataset (features, target) is a parameter of the "
-        "model's forward (inputs, *), so the Trainer's remove_unused_columns drops them all",
-        "*fix: name the columns after the forward's parameters, or set remove_unused_columns=False*",
+        "dataset[[]cpu[]] failed: Scorer.forward(**inputs) names no input: the Trainer keeps only the columns the "
+        "forward's signature names (and the labels), so it dropped 'features', 'target'*",
+        "*fix: name the inputs: def forward(self, features, target), or keep every column with "
+        "TrainingArguments(remove_unused_columns=False, *",
     ])
 
 
