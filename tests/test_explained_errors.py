@@ -223,7 +223,7 @@ def test_errors_of_the_data_are_shown_with_their_cause(project: pytest.Pytester)
         "*fix: set remove_unused_columns=False in TrainingArguments*",
     ])
     result.stdout.fnmatch_lines([
-        "*fix: name the inputs: def forward(self, input_ids, attention_mask, labels=None), or keep every column with "
+        "*fix: name the inputs: def forward(self, input_ids, *attention_mask, labels=None), or keep every column with "
         "TrainingArguments(remove_unused_columns=False, label_names=[[]'labels'[]])"])
     # A wrong fix is worse than none: the fix never offers the collator the script already uses.
     assert "fix: use data_collator=DataCollatorWithPadding" not in output
