@@ -8,6 +8,7 @@ from its default; a bad value is reported with where it came from, so the user k
 from __future__ import annotations
 
 import math
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,12 +88,30 @@ class Option:
 
 
 def _scripts(raw: Raw) -> tuple[Path, ...]:
-    paths = [raw.base / path for path in raw.value]
+    paths = [Path(os.path.normpath(raw.base / path)) for path in raw.value]
     for path in paths:
-        if not Path(path).is_file():
-            what = "is a folder, not a script" if Path(path).is_dir() else "does not exist"
-            raise pytest.UsageError(f"{raw.source}: {path} {what}; give the path of the training script (a .py file)")
-    return tuple(dict.fromkeys(Path(path).resolve() for path in paths))
+        if path.is_dir():
+            raise pytest.UsageError(f"{raw.source}: {path} is a folder, not a script; give the path of the training "
+                                    "script (a .py file)")
+        if not path.is_file():
+            raise pytest.UsageError(f"{raw.source}: {path} does not exist{_near_miss(path)}; give the path of the "
+                                    "training script (a .py file)")
+        if path.suffix != ".py":
+            raise pytest.UsageError(f"{raw.source}: {path} is not a Python file; give the path of the training script "
+                                    "(a .py file), which the plugin runs up to trainer.train()")
+    return tuple(dict.fromkeys(path.resolve() for path in paths))
+
+
+def _near_miss(path: Path) -> str:
+    """", did you mean train.py?" for a script of the same folder whose name is close to the one given."""
+    import difflib
+
+    folder = path.parent
+    if not folder.is_dir():
+        return ""
+    scripts = sorted(entry.name for entry in folder.glob("*.py"))
+    close = difflib.get_close_matches(path.name, scripts, n=1, cutoff=0.6)
+    return f" (did you mean {folder / close[0]}?)" if close else ""
 
 
 def _arguments(raw: Raw) -> tuple[str, ...]:

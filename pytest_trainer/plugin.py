@@ -158,6 +158,8 @@ class ReportHooks:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.report = reporting.PipelineReport()
+        #: The reports written at the session's end, named last in the terminal (pytest-html names its file too).
+        self.written: list[tuple[str, Path]] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.report.add(report)
@@ -170,16 +172,21 @@ class ReportHooks:
                 for text, markup in line:
                     terminalreporter.write(text, **markup)
                 terminalreporter.line("")
+        for what, path in self.written:
+            terminalreporter.write_sep("-", f"pytest-trainer {what}: {path.resolve().as_uri()}")
 
     def pytest_sessionfinish(self) -> None:
+        """Writes the reports; the terminal summary, which pytest shows after this hook, names them."""
         if not self.report.by_script():
             return
         if self.settings.report is not None:
             self.report.write_json(self.settings.report)
+            self.written.append(("JSON report", Path(self.settings.report)))
         if self.settings.html is not None:
             from pytest_trainer import html
 
             html.write(self.settings.html, self.report)
+            self.written.append(("HTML report", Path(self.settings.html)))
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as summary:

@@ -119,8 +119,11 @@ def test_classification_rows_show_their_class_and_a_failure_its_cause_and_fix(py
 @pytest.mark.usefixtures("offline")
 def test_chat_rows_train_the_assistant_answer_and_the_curve_has_every_step(pytester: pytest.Pytester) -> None:
     shutil.copytree(EXAMPLES / "sft_lora", pytester.path / "sft_lora")
-    pytester.runpytest("--trainer-module=sft_lora/train.py", *CPU, "--trainer-stages=collate,overfit,memory",
-                       "--trainer-html=report.html", "--trainer-report=report.json")
+    result = pytester.runpytest("--trainer-module=sft_lora/train.py", *CPU, "--trainer-stages=collate,overfit,memory",
+                                "--trainer-html=report.html", "--trainer-report=report.json")
+    # The files written are named at the end of the run, as pytest-html names its own.
+    result.stdout.fnmatch_lines([f"*- pytest-trainer JSON report: {(pytester.path / 'report.json').as_uri()} -*",
+                                 f"*- pytest-trainer HTML report: {(pytester.path / 'report.html').as_uri()} -*"])
     text = (pytester.path / "report.html").read_text()
     page = Page(text)
     items = _report(pytester.path / "report.json")

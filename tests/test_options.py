@@ -196,6 +196,27 @@ def test_module_that_does_not_exist_is_a_usage_error(pytester: pytest.Pytester) 
     assert "does not exist" in message
 
 
+def test_a_module_name_near_a_script_s_is_suggested_and_the_path_normalised(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(train="", evaluate="")
+    (pytester.path / "data").mkdir()
+    message = usage_error(pytester, "--trainer-module=data/../trian.py")
+    assert message == (f"--trainer-module on the command line: {pytester.path / 'trian.py'} does not exist (did you "
+                       f"mean {pytester.path / 'train.py'}?); give the path of the training script (a .py file)")
+
+
+def test_a_module_far_from_every_script_suggests_nothing(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(train="")
+    assert "did you mean" not in usage_error(pytester, "--trainer-module=finetune_llama.py")
+
+
+def test_a_module_that_is_no_python_file_is_refused(pytester: pytest.Pytester) -> None:
+    (pytester.path / "config.yaml").write_text("model: tiny\n")
+    message = usage_error(pytester, "--trainer-module=config.yaml")
+    assert message == (f"--trainer-module on the command line: {pytester.path / 'config.yaml'} is not a Python file; "
+                       "give the path of the training script (a .py file), which the plugin runs up to "
+                       "trainer.train()")
+
+
 def test_module_that_is_a_folder_is_a_usage_error(pytester: pytest.Pytester) -> None:
     (pytester.path / "scripts").mkdir()
     message = usage_error(pytester, "--trainer-module=scripts")
