@@ -245,8 +245,15 @@ def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_
         seed=zlib.crc32(request.node.nodeid.encode()),
         on_cuda_broken=lambda why: setattr(session, "cuda_broken", why),
         shares_training=isinstance(request.node, StageItem),
-        named=not isinstance(request.node, StageItem) or session.settings.stages_named,
+        named=session.settings.stages_named or _marker_names_stages(request.node),
     )
+
+
+def _marker_names_stages(node: pytest.Item) -> bool:
+    """Whether a marked test names its stages (stages=): a stage with nothing to check then runs, as one named by
+    --trainer-stages does; with none named, the marker gives the items the command line gives."""
+    marker = node.get_closest_marker(MARKER) if not isinstance(node, StageItem) else None
+    return marker is not None and bool(marker.kwargs.get("stages"))
 
 
 @pytest.fixture

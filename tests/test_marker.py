@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import GOOD_SCRIPT, write
 
@@ -91,8 +93,40 @@ def test_marker_with_module_runs_the_script(project: pytest.Pytester) -> None:
             trainer_stage.run()
     """)
     result = project.runpytest("-v")
-    result.assert_outcomes(passed=14, skipped=1)  # targets audits causal LMs only
+    result.assert_outcomes(passed=13, skipped=2)  # targets audits causal LMs only; memory has no GPU to hold to
     result.stdout.fnmatch_lines(["*test_pipeline[[]load-cpu[]] PASSED*", "*test_pipeline[[]dataset-cpu[]] PASSED*"])
+
+
+def test_the_marker_and_the_command_line_give_the_same_items(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    write(project, "test_pipeline.py", """
+        import pytest
+
+        @pytest.mark.trainer_pipeline(module="train.py", devices=["cpu"])
+        def test_pipeline(trainer_stage):
+            trainer_stage.run()
+    """)
+    marked = project.runpytest("test_pipeline.py", "-v")
+    command_line = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-v")
+    by_marker = {match[1]: match[2] for match in map(
+        re.compile(r"^test_pipeline.py::test_pipeline\[(\w+)-cpu\] (\w+)").match, marked.outlines) if match}
+    by_option = {match[1]: match[2] for match in map(
+        re.compile(r"^train.py::(\w+)\[cpu\] (\w+)").match, command_line.outlines) if match}
+    assert by_marker == by_option, (by_marker, by_option)
+    assert by_marker["memory"] == "SKIPPED"
+
+
+def test_a_stage_the_marker_names_runs_even_with_nothing_to_hold_it_to(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT)
+    write(project, "test_pipeline.py", """
+        import pytest
+
+        @pytest.mark.trainer_pipeline(module="train.py", stages=["memory"], devices=["cpu"])
+        def test_pipeline(trainer_stage):
+            trainer_stage.run()
+    """)
+    result = project.runpytest("-v")
+    result.assert_outcomes(passed=1)  # the forecast alone, as --trainer-stages=memory reports it
 
 
 @pytest.mark.parametrize("module", ["broken.py", "missing.py"])
