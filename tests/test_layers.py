@@ -37,6 +37,24 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack",
      "pytest_trainer.user_files", "pytest_trainer.metric_settings", "pytest_trainer.renames"),  # facts
 )
+#: What each layer holds, for the layer table of CONTRIBUTING.md (docs/generate.py).
+ROLES: tuple[str, ...] = (
+    "the public API and the hooks",
+    "the items, the session, the options, the reports",
+    "the plan: the items, ordered from the stages' declarations",
+    "running a script up to trainer.train(), here or in one rank of several",
+    "the registry of stages and the runner of one",
+    "one module per stage, and what a stage is",
+    "what the stages share: data and task checks, the explanation table, strategies, forecasts, judges",
+    "one Trainer as the stages see it",
+    "trainer families, the fed data, training runs, losses, adapters, several processes",
+    "what a task's labels and inputs are",
+    "facts: the model, tables, devices, settings, the error base, the user's files, metric settings, renames",
+)
+
+
+def test_every_layer_says_what_it_holds() -> None:
+    assert len(ROLES) == len(LAYERS)
 
 
 def modules(package: Path) -> dict[str, Path]:

@@ -1,0 +1,73 @@
+"""The README and docs/: short, linked, generated where they mirror a registry, and their commands run as written."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import failures
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def blocks(text: str, language: str = "") -> list[str]:
+    """The fenced code blocks of a Markdown text in `language` ("" for blocks without one)."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
+
+
+def section(text: str, title: str) -> str:
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def test_generated_pages_match_their_registries() -> None:
+    spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    assert generate.stale() == [], "run `python docs/generate.py` and commit the pages it writes"
+
+
+def test_the_readme_reads_in_two_minutes() -> None:
+    assert len(README.splitlines()) <= 200
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_link_of_a_page_points_to_a_file_that_exists(page: Path) -> None:
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text())
+    missing = [target for target in targets if not (page.parent / target).exists()]
+    assert missing == []
+
+
+def test_the_readme_marker_example_runs_on_a_bundled_example(pytester: pytest.Pytester,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (example,) = [block for block in blocks(section(README, "In your own tests"), "python")]
+    for entry in (ROOT / "conftest_examples" / "regression").iterdir():
+        (shutil.copytree if entry.is_dir() else shutil.copy)(entry, pytester.path / entry.name)
+    (pytester.path / "test_readme.py").write_text(example)
+    result = pytester.runpytest("test_readme.py", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_pipeline[[]forward-cpu[]] PASSED*", "*test_pipeline[[]backward-cpu[]] PASSED*"])
+
+
+def test_the_readme_try_it_command_runs_as_written(pytester: pytest.Pytester,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (commands,) = blocks(section(README, "Try it"))
+    (command,) = [line for line in commands.splitlines() if line.startswith("pytest ")]
+    arguments = shlex.split(command)[1:]
+    script = Path(next(argument for argument in arguments if argument.startswith("--trainer-module=")).split("=")[1])
+    shutil.copytree(ROOT / script.parent, pytester.path / script.parent)
+    result = pytester.runpytest(*arguments)
+    assert failures(result, script.as_posix()) == [], result.stdout.str()[-3000:]
+    assert result.ret == 0
