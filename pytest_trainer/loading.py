@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -67,6 +68,8 @@ class _Capture:
         self.unexercised: list[str] = []
         #: The fsdp_config of arguments that ask for FSDP, turned off in one process (None: none asks for it).
         self.fsdp: dict[str, Any] | None = None
+        #: What the libraries logged at WARNING or above while the script ran ("trl: ..."), each once.
+        self.said: list[str] = []
 
     @property
     def trainer(self) -> Trainer | None:
@@ -103,6 +106,8 @@ class LoadedScript:
     #: What the script wrote into the user's tree before train() (its output folders, the working directory), to be
     #: put back once the session no longer needs it: `UserFolders.restore`.
     folders: user_files.UserFolders | None = None
+    #: The warnings the libraries logged while the script built its Trainer, which pytest would show only on a failure.
+    said: tuple[str, ...] = ()
 
 
 def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -119,6 +124,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         _process_state_restored(script, script_args, sandbox.seed),
         _sandboxed_transformers(sandbox, capture),
         _sampled_datasets(sandbox.sample, capture),
+        _library_records(capture.said),
         output,
     ):
         try:
@@ -163,7 +169,53 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
     return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision), frozenset(capture.asked),
-                        tuple(capture.unexercised), capture.fsdp, capture.folders)
+                        tuple(capture.unexercised), capture.fsdp, capture.folders, tuple(capture.said))
+
+
+#: The libraries whose logged warnings are kept: their root loggers (transformers' does not propagate to the root).
+LIBRARIES = ("transformers", "trl", "peft", "accelerate", "datasets", "sentence_transformers")
+
+
+#: Terminal colour codes some libraries put in their log messages.
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: accelerate's logger adapter puts the process first ("[RANK 0] ...").
+RANK = re.compile(r"^\[RANK \d+\] ")
+#: transformers' report of the weights a checkpoint lacked or held beyond the model's.
+EXPECTED_LOAD_REPORT = re.compile(r"LOAD REPORT")
+
+
+class _Said(logging.Handler):
+    """Keeps each warning a library logs, once, as "library: message"."""
+
+    def __init__(self, said: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.said = said
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = RANK.sub("", " ".join(ANSI.sub("", record.getMessage()).split()))
+        except Exception:  # a record whose arguments do not format: the library's own problem, not the script's
+            return
+        if EXPECTED_LOAD_REPORT.search(message) and not re.search(r"\b(UNEXPECTED|MISMATCH\w*)\b", message):
+            return  # weights newly initialised for a new head: what fine-tuning a head expects
+        line = f"{record.name.split('.')[0]}: {message}"
+        if line not in self.said:
+            self.said.append(line)
+
+
+@contextmanager
+def _library_records(said: list[str]) -> Iterator[None]:
+    """Keep what the libraries log at WARNING or above while the script builds its Trainer; pytest shows captured logs
+    only for a failed item, and `load` passes. The loggers' own handlers and levels are left as they are."""
+    handler = _Said(said)
+    loggers = [logging.getLogger(name) for name in LIBRARIES]
+    for found in loggers:
+        found.addHandler(handler)
+    try:
+        yield
+    finally:
+        for found in loggers:
+            found.removeHandler(handler)
 
 
 @contextmanager

@@ -313,9 +313,11 @@ def _plain(record: ItemRecord) -> dict[str, Any]:
 
 def changed_notes(records: list[ItemRecord]) -> list[str]:
     """How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU), what
-    it put back in the user's tree, and the baselines it recorded: said once per script."""
+    it put back in the user's tree, the baselines it recorded, and what the libraries warned of while the script built
+    its Trainer: said once per script."""
     return ordered(note for record in records for note in record.notes
-                    if note.startswith(("precision:", "not exercised:", "put back:", "baseline:")))
+                    if note.startswith(("precision:", "not exercised:", "put back:", "baseline:",
+                                        "the libraries said while the Trainer was built:")))
 
 
 def ordered(values: Iterable[str]) -> list[str]:

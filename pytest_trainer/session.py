@@ -86,6 +86,7 @@ class TrainerSession:
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
         pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)
+        pipeline.notes.extend(f"the libraries said while the Trainer was built: {line}" for line in loaded.said)
         if loaded.folders is not None:
             self._written.append(loaded.folders)
             pipeline.notes.extend(f"put back: {line}" for line in loaded.folders.written())

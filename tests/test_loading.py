@@ -469,3 +469,37 @@ def test_under_xdist_a_cache_made_in_the_working_directory_is_only_named(project
     assert (project.path / "prepared.arrow").read_text() == "rows"
     result.stdout.fnmatch_lines(["put back: *prepared.arrow: made by the script before train(); left, as other pytest "
                                  "processes work in this directory too"])
+
+
+SFT_ON_TOKENIZED_ROWS = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    tok = lm.tokenizer()
+    data = Dataset.from_dict({{"text": tiny.sentences(16)}}).map(lambda batch: tok(batch["text"]), batched=True)
+    args = SFTConfig(output_dir="out", use_cpu=True, bf16=False, report_to=[], max_length=32)
+    trainer = SFTTrainer(model=lm.model(), args=args, train_dataset=data, processing_class=tok{formatting})
+    trainer.train()
+"""
+
+
+@pytest.mark.parametrize("formatting", ["", ", formatting_func=lambda row: row['text']"], ids=["plain", "ignored"])
+def test_what_the_libraries_warn_of_while_the_trainer_is_built_is_kept(project: pytest.Pytester,
+                                                                      formatting: str) -> None:
+    """TRL logs that it ignores a formatting function on rows already tokenized; load passes, and pytest shows the
+    logs of a passing item nowhere: the plugin says it once for the script."""
+    from task_scripts import LM
+
+    project.makepyfile(lm=LM)
+    write(project, "train.py", SFT_ON_TOKENIZED_ROWS.format(formatting=formatting))
+    result = run_script(project, "--trainer-stages=dataset")
+    assert failures(result) == []
+    said = ("the libraries said while the Trainer was built: trl: You passed a dataset that is already processed "
+            "(contains an `input_ids` field) together with a formatting function. Therefore `formatting_func` will "
+            "be ignored.*")
+    if formatting:
+        result.stdout.fnmatch_lines([said])
+    else:
+        result.stdout.no_fnmatch_line(said)
