@@ -127,12 +127,16 @@ def _failure(record: ItemRecord) -> str:
 
 
 def _facts_table(records: list[ItemRecord]) -> str:
-    rows = []
+    """Each item's figures and notes; a note every item of the script carries (how its data was sampled) is shown
+    once, on the first item that has it."""
+    rows, shown = [], set()
     for record in records:
-        if not (record.figures or record.notes):
+        fresh = [note for note in record.notes if note not in shown]
+        shown.update(fresh)
+        if not (record.figures or fresh):
             continue
         figures = "<br>".join(f"{escape(name)}: {value:.4g}" for name, value in record.figures.items())
-        notes = "".join(f"<li>{escape(note)}</li>" for note in record.notes)
+        notes = "".join(f"<li>{escape(note)}</li>" for note in fresh)
         rows.append(f"<tr><th>{escape(record.name)}</th><td class='figures'>{figures}</td>"
                     f"<td><ul>{notes}</ul></td></tr>")
     if not rows:
@@ -260,7 +264,7 @@ def _loss_curve(picture: dict[str, Any]) -> str:
                f"stroke='#999'/><line x1='{left}' x2='{left}' y1='{top}' y2='{height - bottom}' stroke='#999'/>"
                f"<text x='{(left + width - right) / 2}' y='{height - 6}' text-anchor='middle' fill='#333'>"
                f"optimizer step on the batch</text><text transform='translate(14 {(top + height - bottom) / 2}) "
-               f"rotate(-90)' text-anchor='middle' fill='#333'>train-mode loss</text>")
+               f"rotate(-90)' text-anchor='middle' fill='#333'>{escape(what)}</text>")
     legend = []
     for number, attempt in enumerate(tries):
         colour = _PALETTE[number % len(_PALETTE)]
@@ -282,8 +286,12 @@ def _loss_curve(picture: dict[str, Any]) -> str:
             f"<b>{_number(attempt.get('before'))}</b> &rarr; <b>{_number(attempt.get('after'))}</b></div>"
         )
     svg.append("</svg>")
-    hint = ("<div style='color:#777;font-size:12px'>squares: the loss judged in eval mode before the first step and "
-            "after the last</div>" if what == "loss" else "")
+    shortest = min(len(attempt["curve"]) for attempt in tries)
+    stopped = (f" It stopped after {count(shortest, 'step')}: the loss had already fallen by the thousandth it asks "
+               "for, so there is little curve to draw." if shortest <= 2 else "")
+    hint = ("<div style='color:#777;font-size:12px'>dots and lines: the loss of each step, in train mode (dropout on), "
+            f"as training computes it; squares: the loss judged in eval mode before the first step and after the last."
+            f"{stopped}</div>" if what == "loss" else "")
     return "".join(svg) + "".join(legend) + hint
 
 

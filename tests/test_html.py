@@ -222,3 +222,28 @@ def screenshot(browser: str, page: Path, png: Path, profile: Path) -> None:
                     f"--user-data-dir={profile}", f"--screenshot={png}", "--window-size=1200,2400",
                     page.resolve().as_uri()], check=True, capture_output=True, timeout=120)
     assert png.exists(), f"chromium wrote no screenshot of {page}"
+
+
+@pytest.mark.usefixtures("offline")
+def test_figures_and_notes_are_said_in_words_and_once(pytester: pytest.Pytester) -> None:
+    """A rotary model has no position limit (said, not a 0); the sampling note every item carries is shown once; an
+    overfit that stops after a step says why its curve is short."""
+    shutil.copytree(EXAMPLES / "sft_lora", pytester.path / "sft_lora")
+    pytester.runpytest("--trainer-module=sft_lora/train.py", *CPU, "--trainer-stages=overfit,lengths",
+                       "--trainer-sample=100", "--trainer-html=report.html", "--trainer-report=report.json")
+    text = (pytester.path / "report.html").read_text()
+    assert text.count("sampled by --trainer-sample") == 1
+    assert "no position limit: the model learns no table of absolute positions" in text
+    assert "position_limit" not in text
+    items = _report(pytester.path / "report.json")
+    assert "position_limit" not in items[("sft_lora/train.py", "lengths")]["figures"]
+    assert ("It stopped after 1 step" in text) == (text.count("class='try'") == 1 and "1 step;" in text)
+    assert "squares: the loss judged in eval mode" in text
+
+
+def test_a_model_with_learned_positions_has_its_limit_as_a_figure(project: pytest.Pytester) -> None:
+    from conftest import GOOD_SCRIPT, write
+
+    write(project, "train.py", GOOD_SCRIPT)
+    project.runpytest("--trainer-module=train.py", *CPU, "--trainer-stages=lengths", "--trainer-report=report.json")
+    assert _report(project.path / "report.json")[("train.py", "lengths")]["figures"]["position_limit"] == 64

@@ -61,7 +61,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     search(strategies.batches(pipeline, max_rows=1), fits, f"{pipeline.name}::lengths[{device}]",
            pipeline.settings.examples)
     limit = model_facts.position_limit(pipeline.model)
-    return StageResult("lengths", device, figures={"position_limit": float(limit or 0)}, notes=[risk] if risk else [])
+    notes = [risk] if risk else []
+    if limit is None:
+        notes.append("no position limit: the model learns no table of absolute positions (rotary or relative ones)")
+    return StageResult("lengths", device, figures={"position_limit": float(limit)} if limit else {}, notes=notes)
 
 
 def check_truncation_length(pipeline: Pipeline) -> str | None:
