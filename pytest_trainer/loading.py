@@ -181,7 +181,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: accelerate's logger adapter puts the process first ("[RANK 0] ...").
 RANK = re.compile(r"^\[RANK \d+\] ")
 #: transformers' report of the weights a checkpoint lacked or held beyond the model's.
-EXPECTED_LOAD_REPORT = re.compile(r"LOAD REPORT")
+LOAD_REPORT = re.compile(r"LOAD REPORT")
 
 
 class _Said(logging.Handler):
@@ -196,7 +196,7 @@ class _Said(logging.Handler):
             message = RANK.sub("", " ".join(ANSI.sub("", record.getMessage()).split()))
         except Exception:  # a record whose arguments do not format: the library's own problem, not the script's
             return
-        if EXPECTED_LOAD_REPORT.search(message) and not re.search(r"\b(UNEXPECTED|MISMATCH\w*)\b", message):
+        if LOAD_REPORT.search(message) and not re.search(r"\b(UNEXPECTED|MISMATCH\w*)\b", message):
             return  # weights newly initialised for a new head: what fine-tuning a head expects
         line = f"{record.name.split('.')[0]}: {message}"
         if line not in self.said:

@@ -9,6 +9,7 @@ corpus: below `SHARE` of the evaluation rows, or when every repeated row is shor
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ class Rows:
     def row(self, index: int) -> np.ndarray:
         return self.values[self.offsets[index]:self.offsets[index + 1]]
 
+    @functools.cached_property
     def hashes(self) -> np.ndarray:
         """One uint64 per row, from its ids and their positions (equal rows, equal hashes); empty rows hash to 0."""
         lengths = self.lengths
@@ -100,12 +102,12 @@ class Overlap:
 
 def between(training: Rows, evaluation: Rows) -> Overlap:
     """The evaluation rows (not empty) whose ids equal a training row's."""
-    known = training.hashes()
+    known = training.hashes
     if not known.size:
         return Overlap([], len(evaluation.lengths), 0)
     order = np.argsort(known, kind="stable")
     ordered = known[order]
-    hashed = evaluation.hashes()
+    hashed = evaluation.hashes
     at = np.searchsorted(ordered, hashed).clip(max=len(ordered) - 1)
     candidates = np.flatnonzero((evaluation.lengths > 0) & (ordered[at] == hashed))
     pairs = [(int(row), int(order[at[row]])) for row in candidates
@@ -114,14 +116,15 @@ def between(training: Rows, evaluation: Rows) -> Overlap:
     return Overlap(pairs, len(evaluation.lengths), short)
 
 
-def check(training: FedSplit, split: FedSplit, column: str, decode: Any = None) -> str | None:
+def check(training: FedSplit, train_rows: Rows | None, split: FedSplit, column: str, decode: Any = None) -> str | None:
     """A finding where many rows of the evaluation `split` are training rows; a note for a few, or for the
-    training split itself given as the evaluation split; None where there is none or the rows are computed."""
+    training split itself given as the evaluation split; None where there is none or the rows are computed.
+    `train_rows` are the training split's (`fed_rows`), read and hashed once for every evaluation split."""
     same = (f"the {split.description} dataset is the training dataset: its metrics measure how well the model fits "
             "its training rows, not how it does on rows it has not seen")
     if split.given is training.given:
         return same
-    train_rows, eval_rows = fed_rows(training, column), fed_rows(split, column)
+    eval_rows = fed_rows(split, column)
     if train_rows is None or eval_rows is None:
         return None
     found = between(train_rows, eval_rows)

@@ -40,7 +40,7 @@ def _table(*changes: Change) -> dict[str, Change]:
     return {change.old: change for change in changes}
 
 
-T5, TRL = "transformers 5.0", "TRL"
+T5 = "transformers 5.0"
 
 #: Fields of TrainingArguments, and so of every TRL config and Seq2SeqTrainingArguments.
 ARGUMENTS = _table(

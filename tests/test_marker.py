@@ -83,15 +83,19 @@ def test_marker_failure_blocks_later_stages_of_that_test(project: pytest.Pyteste
     result.stdout.no_fnmatch_line("*pytest_trainer/*.py*")  # told as a pipeline item's failure, not the plugin's frames
 
 
+#: A marked test of the script train.py on the CPU, its stages= filled in.
+MARKED = """
+    import pytest
+
+    @pytest.mark.trainer_pipeline(module="train.py", devices=["cpu"]{stages})
+    def test_pipeline(trainer_stage):
+        trainer_stage.run()
+"""
+
+
 def test_marker_with_module_runs_the_script(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
-    write(project, "test_pipeline.py", """
-        import pytest
-
-        @pytest.mark.trainer_pipeline(module="train.py", devices=["cpu"])
-        def test_pipeline(trainer_stage):
-            trainer_stage.run()
-    """)
+    write(project, "test_pipeline.py", MARKED.format(stages=""))
     result = project.runpytest("-v")
     result.assert_outcomes(passed=13, skipped=2)  # targets audits causal LMs only; memory has no GPU to hold to
     result.stdout.fnmatch_lines(["*test_pipeline[[]load-cpu[]] PASSED*", "*test_pipeline[[]dataset-cpu[]] PASSED*"])
@@ -99,13 +103,7 @@ def test_marker_with_module_runs_the_script(project: pytest.Pytester) -> None:
 
 def test_the_marker_and_the_command_line_give_the_same_items(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
-    write(project, "test_pipeline.py", """
-        import pytest
-
-        @pytest.mark.trainer_pipeline(module="train.py", devices=["cpu"])
-        def test_pipeline(trainer_stage):
-            trainer_stage.run()
-    """)
+    write(project, "test_pipeline.py", MARKED.format(stages=""))
     marked = project.runpytest("test_pipeline.py", "-v")
     command_line = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "-v")
     by_marker = {match[1]: match[2] for match in map(
@@ -118,13 +116,7 @@ def test_the_marker_and_the_command_line_give_the_same_items(project: pytest.Pyt
 
 def test_a_stage_the_marker_names_runs_even_with_nothing_to_hold_it_to(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
-    write(project, "test_pipeline.py", """
-        import pytest
-
-        @pytest.mark.trainer_pipeline(module="train.py", stages=["memory"], devices=["cpu"])
-        def test_pipeline(trainer_stage):
-            trainer_stage.run()
-    """)
+    write(project, "test_pipeline.py", MARKED.format(stages=', stages=["memory"]'))
     result = project.runpytest("-v")
     result.assert_outcomes(passed=1)  # the forecast alone, as --trainer-stages=memory reports it
 

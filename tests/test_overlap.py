@@ -79,7 +79,7 @@ def rows(*sequences: list[int]) -> overlap.Rows:
 
 
 def test_equal_rows_hash_equal_and_order_matters() -> None:
-    hashed = rows([5, 6, 7], [7, 6, 5], [5, 6, 7], [], [5, 6], [5, 6, 7, 0]).hashes()
+    hashed = rows([5, 6, 7], [7, 6, 5], [5, 6, 7], [], [5, 6], [5, 6, 7, 0]).hashes
     assert hashed[0] == hashed[2]
     assert len({int(hashed[index]) for index in (0, 1, 4, 5)}) == 4
     assert hashed[3] == 0

@@ -45,14 +45,18 @@ def _overlaps(pipeline: Pipeline) -> list[str]:
     column = pipeline.task.sequence
     if column is None:
         return []
+    evaluation = [split for split in pipeline.splits if split.description != "training"]
+    if not evaluation:
+        return []
+    training = pipeline.training
+    train_rows = overlap.fed_rows(training, column)
     notes: list[str] = []
 
     def one(split: FedSplit) -> None:
-        note = overlap.check(pipeline.training, split, column, pipeline.decoded)
+        note = overlap.check(training, train_rows, split, column, pipeline.decoded)
         notes.extend([note] if note else [])
 
-    diagnosis.findings_last([functools.partial(one, split) for split in pipeline.splits
-                             if split.description != "training"])
+    diagnosis.findings_last([functools.partial(one, split) for split in evaluation])
     return notes
 
 
