@@ -2,7 +2,7 @@
 
 Everything the plugin reports is a `TrainerError`: a check's `PipelineFailure` (a `Finding` when training still
 runs), a script's `ScriptError`, the plugin's own `InternalError`. `pipeline_part` marks an exception as raised by
-a part of the user's pipeline; `explanations` turns the known ones into failures.
+a part of the user's pipeline; `explanations.pipeline_rows` turns the known ones into failures.
 """
 
 from __future__ import annotations

@@ -321,7 +321,7 @@ class SentenceTransformers(Family):
 FAMILIES: tuple[type[Family], ...] = (Online, Preference, SFT, Seq2Seq, SentenceTransformers)
 
 
-def of(trainer: Any) -> Family:
+def family_of(trainer: Any) -> Family:
     """The family of a trainer, read from its class hierarchy (a subclass of the user's own keeps its family)."""
     names = {cls.__name__ for cls in type(trainer).__mro__}
     return next((family() for family in FAMILIES if names & set(family.trainers)), Family())

@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 
+from pytest_trainer import frames
 from pytest_trainer.diagnosis import InternalError, ScriptError, TrainerError
 from pytest_trainer.plan import Step, plan
 from pytest_trainer.session import session_of
 
+
 #: Frames of these modules say nothing about the user's pipeline; they are left out of reports.
-_PLUMBING = ("pytest_trainer", "_pytest", "pluggy", "runpy")
-
-
 class TrainerScript(pytest.File):
     """A training script given with --trainer-module: one item per stage and device, never imported as tests."""
 
@@ -81,7 +80,7 @@ def _stated(text: str, cause: str, path: Any) -> Any:
 def original_error(error: BaseException, script: Any = None) -> str:
     """The library's own exception, short, without plumbing frames; under a script, its own frames first."""
     info = pytest.ExceptionInfo.from_exception(error)
-    entries = info.traceback.filter(lambda entry: not any(part in str(entry.path) for part in _PLUMBING))
+    entries = info.traceback.filter(lambda entry: not frames.is_plumbing(entry.path))
     folded = 0
     if script is not None and len(entries) > 1:
         kept = [entry for entry in entries[:-1] if str(entry.path) == str(script)] + [entries[-1]]

@@ -18,7 +18,7 @@ import numpy as np
 from pytest_trainer import diagnosis, tables
 
 if TYPE_CHECKING:
-    from pytest_trainer.fed import FedSplit
+    from pytest_trainer.fed_data import FedSplit
 
 #: Rows of fewer fed tokens than this repeat naturally (special tokens included).
 SHORT = 8

@@ -1,7 +1,7 @@
 """One Trainer as the stages see it in this process.
 
 The script runs once; every stage reuses what it built. The pipeline keeps the trainer's family, its task, the
-training and evaluation splits as the Trainer feeds them (`fed`), its batches, the model's place on each device,
+training and evaluation splits as the Trainer feeds them (`fed_data`), its batches, the model's place on each device,
 and puts back any weights or optimizer state a stage changes, so stages never leak into each other.
 """
 
@@ -14,11 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import adapters, diagnosis, families, fed, tasks, training
+from pytest_trainer import adapters, diagnosis, families, fed_data, tasks, training
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.losses import checked_loss
 from pytest_trainer.settings import Settings
-from pytest_trainer.training import Pristine, Trajectory
+from pytest_trainer.training import FixedBatchRun, SavedWeights
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,12 +41,12 @@ class Pipeline:
         #: Facts about how the pipeline was loaded, for the report (sampling, say).
         self.notes: list[str] = []
         #: How this kind of trainer makes its batches and takes its loss.
-        self.family = families.of(trainer)
+        self.family = families.family_of(trainer)
         #: The batches the model is fed, made as the Trainer makes them.
-        self.batches = fed.Batches(trainer, self.family, lambda: self.training, lambda: self.task.label_collator)
+        self.batches = fed_data.Batches(trainer, self.family, lambda: self.training, lambda: self.task.label_collator)
         self._cpu_replica: torch.nn.Module | None = None
-        self._pristine: dict[int, Pristine] = {}
-        self._runs: dict[str, Trajectory] = {}
+        self._saved_weights: dict[int, SavedWeights] = {}
+        self._runs: dict[str, FixedBatchRun] = {}
         self._start_losses: dict[str, float] = {}
         #: How the Trainer checkpoints activations in training ("" for not at all), once it is turned on.
         self.checkpointing: str | None = None
@@ -64,23 +64,23 @@ class Pipeline:
         return self.family.task(self.model)
 
     @functools.cached_property
-    def splits(self) -> list[fed.FedSplit]:
+    def splits(self) -> list[fed_data.FedSplit]:
         """The training split and every evaluation split, as the Trainer feeds them."""
-        return fed.splits(self.trainer, self.settings.sample, self.family.keeps_columns)
+        return fed_data.splits(self.trainer, self.settings.sample, self.family.keeps_columns)
 
     @property
-    def training(self) -> fed.FedSplit:
+    def training(self) -> fed_data.FedSplit:
         found = next((split for split in self.splits if split.description == "training"), None)
         if found is None:
             raise diagnosis.PipelineFailure("the Trainer has no train_dataset", "pass train_dataset= to the Trainer")
         return found
 
     def label_column(self, table: pa.Table) -> str | None:
-        return fed.label_column(self.trainer, table)
+        return fed_data.label_column(self.trainer, table)
 
     def decoded(self, token_ids: Any) -> str:
         """The text of token ids when the Trainer knows a tokenizer, else an empty string."""
-        return fed.decoded(self.trainer, token_ids)
+        return fed_data.decoded(self.trainer, token_ids)
 
     # ---- model ----------------------------------------------------------------------------
 
@@ -99,7 +99,7 @@ class Pipeline:
 
         Moved once; a CPU copy is kept before it goes to CUDA, to replay failures.
         """
-        self.settle()  # before a move: the CPU copy kept for replays must have the starting weights too
+        self.end_fixed_batch_runs()  # before a move: the CPU copy kept for replays must have the starting weights too
         return self._moved(device)
 
     def _moved(self, device: str) -> torch.nn.Module:
@@ -113,7 +113,7 @@ class Pipeline:
             self.checkpointing = adapters.enable_checkpointing(self.trainer, model) or ""
         return model
 
-    def settle(self, device: str | None = None) -> None:
+    def end_fixed_batch_runs(self, device: str | None = None) -> None:
         """End the shared training run on `device` (on every device when None): starting weights back, no gradients."""
         for on in [device] if device else list(self._runs):
             run = self._runs.pop(on, None)
@@ -121,7 +121,7 @@ class Pipeline:
                 run.close()
                 self._starting_weights(run.model).restore(run.model)
 
-    def home(self) -> None:
+    def move_model_back(self) -> None:
         """The model back where the Trainer put it, for the user's own assertions after a stage moved it."""
         model: Any = self.trainer.model
         now = next((parameter.device for parameter in model.parameters()), None) if model is not None else None
@@ -129,23 +129,23 @@ class Pipeline:
             with diagnosis.pipeline_part(f"moving the model back to {self._home}"):
                 model.to(self._home)
 
-    def trajectory(self, device: str, factor: float = 1.0, within: int | None = None) -> Trajectory:
+    def fixed_batch_run(self, device: str, factor: float = 1.0, within: int | None = None) -> FixedBatchRun:
         """The training run on the fixed batch shared on `device`, continued where another stage left it.
 
         A run at another rate, or further than `within` steps, is ended and a new one starts from the starting weights.
         """
         run = self._runs.get(device)
         if run is not None and (run.factor != factor or (within is not None and run.steps > within)):
-            self.settle(device)
+            self.end_fixed_batch_runs(device)
             run = None
         if run is None:
             model = self.model_on(device)
             self._starting_weights(model)
             batch = self.batches.on(device)
             if self.family.judged_as == "loss":
-                run = Trajectory(self.trainer, self.loss, model, batch, factor, lambda: self.starting_loss(device))
+                run = FixedBatchRun(self.trainer, self.loss, model, batch, factor, lambda: self.starting_loss(device))
             else:  # judged by a figure of its own, at the starting weights too
-                run = Trajectory(self.trainer, self.loss, model, batch, factor,
+                run = FixedBatchRun(self.trainer, self.loss, model, batch, factor,
                                  lambda: checked_loss(training.eval_loss(self.judged, model, batch)[0]), self.judged)
             self._runs[device] = run
         return run
@@ -168,10 +168,10 @@ class Pipeline:
         gradient)."""
         return self._starting_weights(model).unmoved(model)
 
-    def _starting_weights(self, model: torch.nn.Module) -> Pristine:
-        saved = self._pristine.get(id(model))
+    def _starting_weights(self, model: torch.nn.Module) -> SavedWeights:
+        saved = self._saved_weights.get(id(model))
         if saved is None:
-            saved = self._pristine[id(model)] = Pristine(model)
+            saved = self._saved_weights[id(model)] = SavedWeights(model)
         return saved
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
@@ -190,7 +190,7 @@ class Pipeline:
     def weights_kept(self, model: torch.nn.Module) -> Iterator[None]:
         """Run a block that trains `model` from its starting weights, then put them, and its mode, back and drop its
         gradients. The starting weights are kept in a temporary file, not as a copy in memory."""
-        self.settle()
+        self.end_fixed_batch_runs()
         saved = self._starting_weights(model)
         was_training = model.training
         try:

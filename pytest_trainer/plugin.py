@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_trainer import devices, options, reporting
+from pytest_trainer import devices, options
 from pytest_trainer.diagnosis import ScriptError, TrainerError
 from pytest_trainer.items import StageItem, TrainerScript, stated_failure
 from pytest_trainer.plan import DEVICES, LOAD, STAGES, Step, cpu_first, plan
+from pytest_trainer.report import summary
 from pytest_trainer.session import ALL, has_session, session_of, start_session
 from pytest_trainer.settings import Settings
 
@@ -132,12 +133,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and isinstance(report.longrepr, tuple):
         path, line, _ = item.reportinfo()  # a skip points at the script or the marked test, not the plugin's source
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
-    report.user_properties.append((reporting.PROPERTY, reporting.to_json(_facts(item, step, call))))
+    report.user_properties.append((summary.PROPERTY, summary.to_json(_facts(item, step, call))))
     pictures = _pictures(item, call)
     if pictures:
         report.trainer_pictures = pictures  # a report attribute: it travels from xdist workers, not into junit
         if item.config.pluginmanager.hasplugin("html") and item.config.getoption("htmlpath", None):  # pytest-html
-            from pytest_trainer import html
+            from pytest_trainer.report import html
 
             report.extras = [*getattr(report, "extras", []), *html.pytest_html_extras(pictures)]
     return report
@@ -157,7 +158,7 @@ class ReportHooks:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.report = reporting.PipelineReport()
+        self.report = summary.PipelineReport()
         #: The reports written at the session's end, named last in the terminal (pytest-html names its file too).
         self.written: list[tuple[str, Path]] = []
 
@@ -183,7 +184,7 @@ class ReportHooks:
             self.report.write_json(self.settings.report)
             self.written.append(("JSON report", Path(self.settings.report)))
         if self.settings.html is not None:
-            from pytest_trainer import html
+            from pytest_trainer.report import html
 
             html.write(self.settings.html, self.report)
             self.written.append(("HTML report", Path(self.settings.html)))
@@ -224,7 +225,7 @@ def trainer(request: pytest.FixtureRequest) -> Trainer:
             pytrace=False,
         )
     pipeline = _pipeline(request)
-    pipeline.settle()  # the script's own items may have left a shared training run: its starting weights back
+    pipeline.end_fixed_batch_runs()  # the script's own items may have left a shared training run: its starting weights back
     return pipeline.trainer
 
 

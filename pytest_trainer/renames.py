@@ -2,7 +2,7 @@
 
 Each was read from the libraries' own deprecation messages, migration notes and code, and raised here by building the
 object with the old spelling (transformers 5.24, TRL 1.16). A script that passes one fails while it builds its Trainer
-with a bare `TypeError: X.__init__() got an unexpected keyword argument 'old'` or an ImportError: `explanations` turns
+with a bare `TypeError: X.__init__() got an unexpected keyword argument 'old'` or an ImportError: `explanations.script_rows` turns
 it into the change, the release that made it and the new spelling.
 """
 

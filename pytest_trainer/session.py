@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_trainer.diagnosis import ScriptError
-from pytest_trainer.loading import Sandbox, load_trainer, script_modules
 from pytest_trainer.plan import blocked_by
+from pytest_trainer.script_runner import Sandbox, load_trainer, script_modules
 from pytest_trainer.timeouts import time_limit
 from pytest_trainer.user_files import UserFolders
 

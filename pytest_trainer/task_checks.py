@@ -15,7 +15,7 @@ from pytest_trainer import diagnosis, embeddings, tables, tasks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
-    from pytest_trainer.fed import FedSplit
+    from pytest_trainer.fed_data import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
 

@@ -39,7 +39,7 @@ def changeable(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     yield from model.named_buffers()
 
 
-class Pristine:
+class SavedWeights:
     """The changeable tensors of a model as they were, in a temporary file: restored in place, compared in place."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -162,7 +162,7 @@ def one_step(loss_of: LossOf, model: torch.nn.Module, batch: dict[str, Any], opt
     return value
 
 
-class Trajectory:
+class FixedBatchRun:
     """Steps of the Trainer's optimizer on the fixed batch from the starting weights, at `factor` x the peak rate.
 
     The scheduler steps too, so its code runs, but every step is taken at the peak rate: a warmup that starts at 0

@@ -1,4 +1,4 @@
-"""The loud errors of the Trainer, TRL and PEFT, each shown with its cause and a fix (pytest_trainer/explanations.py).
+"""The loud errors of the Trainer, TRL and PEFT, each shown with its cause and a fix (pytest_trainer/explanations/).
 
 Every row of the table has a broken script here (or in the test named in the README's table) that fails at its
 stage with the cause on the item's first failure line. Several scripts share one pytester run, restricted to the

@@ -29,7 +29,8 @@ from transformers import (
 )
 
 from pytest_trainer import explanations
-from pytest_trainer.explanations import Explained
+from pytest_trainer.explanations import script_rows
+from pytest_trainer.explanations.registry import PIPELINE, SCRIPT, Explained, Row
 from pytest_trainer.stages import registry
 
 #: Rows whose `seen` text is cut short of the part of the message their pattern needs (the README shows the start
@@ -48,7 +49,7 @@ def raised(build: Any) -> BaseException:
 
 
 def explained(build: Any) -> Explained:
-    found = explanations.explain_script(raised(build))
+    found = script_rows.explain(raised(build))
     assert found is not None, "no row explains the error"
     return found
 
@@ -105,12 +106,12 @@ def test_best_model_with_save_steps_not_a_multiple_of_eval_steps(tmp_path: Path)
 
 def test_error_no_row_knows_keeps_its_own_message(tmp_path: Path) -> None:
     error = raised(lambda: TrainingArguments(output_dir=str(tmp_path), lr_scheduler_type="no such schedule"))
-    assert explanations.explain_script(error) is None
+    assert script_rows.explain(error) is None
 
 
 def test_rows_that_read_any_message_explain_only_errors_of_their_library() -> None:
-    assert explanations.explain_script(KeyError("chosen")) is None  # raised by no TRL trainer
-    assert explanations.explain_script(ValueError("")) is None
+    assert script_rows.explain(KeyError("chosen")) is None  # raised by no TRL trainer
+    assert script_rows.explain(ValueError("")) is None
 
 
 # ---- Trainer, collators, PEFT, TRL ----------------------------------------------------------------------------
@@ -218,8 +219,8 @@ def message_of(seen: str) -> str:
 
 
 def test_table_holds_every_pipeline_row_then_every_script_row() -> None:
-    assert list(ROWS) == [*explanations.PIPELINE, *explanations.SCRIPT]
-    assert explanations.PIPELINE and explanations.SCRIPT
+    assert list(ROWS) == [*PIPELINE, *SCRIPT]
+    assert PIPELINE and SCRIPT
 
 
 def test_row_names_are_distinct() -> None:
@@ -228,20 +229,20 @@ def test_row_names_are_distinct() -> None:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
-def test_every_row_shows_its_message_and_the_stage_it_surfaces_in(row: explanations.Row) -> None:
+def test_every_row_shows_its_message_and_the_stage_it_surfaces_in(row: Row) -> None:
     assert row.name.strip()
     assert row.seen.strip()
     assert row.stage in registry()
 
 
-@pytest.mark.parametrize("row", explanations.SCRIPT, ids=lambda row: row.name)
-def test_script_rows_surface_while_the_script_loads(row: explanations.Row) -> None:
+@pytest.mark.parametrize("row", SCRIPT, ids=lambda row: row.name)
+def test_script_rows_surface_while_the_script_loads(row: Row) -> None:
     assert row.stage == "load"
 
 
 @pytest.mark.parametrize("row", [row for row in ROWS if row.pattern.pattern and row.name not in SEEN_CUT_SHORT],
                          ids=lambda row: row.name)
-def test_a_row_s_pattern_matches_the_message_it_shows(row: explanations.Row) -> None:
+def test_a_row_s_pattern_matches_the_message_it_shows(row: Row) -> None:
     assert row.pattern.search(message_of(row.seen)), f"{row.pattern.pattern!r} misses {row.seen!r}"
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trainer import html
-from pytest_trainer.reporting import ItemRecord, PipelineReport
+from pytest_trainer.report import html
+from pytest_trainer.report.summary import ItemRecord, PipelineReport
 
 EXAMPLES = Path(__file__).parent.parent / "conftest_examples"
 CPU = ("--trainer-devices=cpu", "-p", "no:cacheprovider")

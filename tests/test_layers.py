@@ -16,40 +16,44 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_trainer"
 #: Top to bottom. A module may import its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer", "pytest_trainer.plugin"),  # the public API and the hooks
-    ("pytest_trainer.items", "pytest_trainer.session", "pytest_trainer.options", "pytest_trainer.reporting",
-     "pytest_trainer.html"),
+    ("pytest_trainer.items", "pytest_trainer.session", "pytest_trainer.options", "pytest_trainer.report",
+     "pytest_trainer.report.summary", "pytest_trainer.report.html"),
     ("pytest_trainer.plan",),  # the items, ordered from the stages' declarations
-    ("pytest_trainer.loading", "pytest_trainer.script_errors",
-     "pytest_trainer.rank"),  # running a script up to trainer.train(), here or in one rank of several
     ("pytest_trainer.stages",),  # the registry of stages and the runner of one
     ("pytest_trainer.stages.*",),  # one module per stage, and what a stage is
-    ("pytest_trainer.data_checks", "pytest_trainer.task_checks", "pytest_trainer.explanations",
-     "pytest_trainer.strategies", "pytest_trainer.search", "pytest_trainer.memory", "pytest_trainer.accumulation",
-     "pytest_trainer.reward_checks", "pytest_trainer.vision_text", "pytest_trainer.rank_checks",
-     "pytest_trainer.pictures", "pytest_trainer.asked", "pytest_trainer.asked.checks",
+    ("pytest_trainer.fed_checks", "pytest_trainer.task_checks", "pytest_trainer.explanations",
+     "pytest_trainer.explanations.pipeline_rows", "pytest_trainer.strategies", "pytest_trainer.search",
+     "pytest_trainer.memory_forecast", "pytest_trainer.accumulation", "pytest_trainer.reward_checks",
+     "pytest_trainer.vision_text", "pytest_trainer.distributed", "pytest_trainer.distributed.judges",
+     "pytest_trainer.report.pictures", "pytest_trainer.asked", "pytest_trainer.asked.checks",
      "pytest_trainer.asked.packing", "pytest_trainer.asked.pairs", "pytest_trainer.overlap"),
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
-    ("pytest_trainer.families", "pytest_trainer.fed", "pytest_trainer.training", "pytest_trainer.losses",
-     "pytest_trainer.adapters", "pytest_trainer.sampling", "pytest_trainer.processes",
-     "pytest_trainer.sharding", "pytest_trainer.embeddings", "pytest_trainer.asked.view"),  # trainer families, fed data, training runs, losses
+    ("pytest_trainer.families", "pytest_trainer.fed_data", "pytest_trainer.training", "pytest_trainer.losses",
+     "pytest_trainer.adapters", "pytest_trainer.sampling", "pytest_trainer.embeddings", "pytest_trainer.asked.view",
+     "pytest_trainer.distributed.rank", "pytest_trainer.distributed.processes",
+     "pytest_trainer.distributed.sharding"),  # trainer families, fed data, training runs, one rank of several
+    ("pytest_trainer.script_runner", "pytest_trainer.explanations.script_rows"),  # a script up to trainer.train()
     ("pytest_trainer.tasks",),  # what a task's labels and inputs are
     ("pytest_trainer.model_facts", "pytest_trainer.tables", "pytest_trainer.devices", "pytest_trainer.settings",
-     "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack",
-     "pytest_trainer.user_files", "pytest_trainer.metric_settings", "pytest_trainer.renames"),  # facts
+     "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack", "pytest_trainer.frames",
+     "pytest_trainer.user_files", "pytest_trainer.metric_settings", "pytest_trainer.renames",
+     "pytest_trainer.explanations.registry"),  # facts
 )
 #: What each layer holds, for the layer table of CONTRIBUTING.md (docs/generate.py).
 ROLES: tuple[str, ...] = (
     "the public API and the hooks",
-    "the items, the session, the options, the reports",
+    "the items, the session, the options, the terminal, JSON and HTML reports",
     "the plan: the items, ordered from the stages' declarations",
-    "running a script up to trainer.train(), here or in one rank of several",
     "the registry of stages and the runner of one",
     "one module per stage, and what a stage is",
-    "what the stages share: data and task checks, the explanation table, strategies, forecasts, judges",
+    "what the stages share: checks of the fed data and the task, the pipeline's explanation rows, strategies, "
+    "forecasts, the judges of several processes, the pictures",
     "one Trainer as the stages see it",
-    "trainer families, the fed data, training runs, losses, adapters, several processes",
+    "trainer families, the fed data, training runs, losses, adapters, one rank of several processes",
+    "running a script up to trainer.train(), and the explanation rows of the errors it raises",
     "what a task's labels and inputs are",
-    "facts: the model, tables, devices, settings, the error base, the user's files, metric settings, renames",
+    "facts: the model, tables, devices, settings, the error base, whose code a frame runs, the user's files, "
+    "metric settings, renames, what an explanation row is",
 )
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
 
-from pytest_trainer.loading import script_modules
+from pytest_trainer.script_runner import script_modules
 
 ARGPARSE_MAIN = """
     import argparse

@@ -1,6 +1,6 @@
 """The `memory` stage and its forecast: the peak of a steady training step found on fake tensors, and what fails.
 
-The forecast (`pytest_trainer.memory.training_step`) is compared with the peak of the same step taken for real on
+The forecast (`pytest_trainer.memory_forecast.training_step`) is compared with the peak of the same step taken for real on
 this machine's CPU and measured independently of the plugin, with torch's profiler: one real step first, so the
 Trainer's AdamW holds its state as in every step of a run but the first, then the second step profiled with
 `profile_memory=True`. Measured peak = the bytes of the model's parameters and buffers and of the optimizer state
@@ -43,7 +43,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from pytest_trainer import memory, training
+from pytest_trainer import memory_forecast, training
 from pytest_trainer.pipeline import Pipeline
 
 # The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
@@ -150,7 +150,7 @@ def measured_peak(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, t
             "peak": weights + state + transient}
 
 
-def compare(name: str, forecast: memory.Forecast, measured: dict[str, int], how: str = "") -> float:
+def compare(name: str, forecast: memory_forecast.Forecast, measured: dict[str, int], how: str = "") -> float:
     ratio = forecast.peak / measured["peak"]
     print(f"\n{name}: forecast {forecast.describe()} from {how or forecast.how}; "
           f"measured {measured['peak'] / 2**20:.2f} MiB ({measured}); forecast/measured {ratio:.3f}")
@@ -165,7 +165,7 @@ TRANSFORMERS_4 = int(transformers.__version__.split(".")[0]) < 5
 def test_forecast_on_fake_tensors_is_within_15_percent_of_the_measured_step(name: str, tmp_path: Any) -> None:
     model, batch = MODELS[name]()
     pipeline = pipeline_of(model, tmp_path)
-    forecast = memory.training_step(pipeline, model, batch)
+    forecast = memory_forecast.training_step(pipeline, model, batch)
     if not TRANSFORMERS_4 or name == "t5":  # transformers 4's BERT and Llama read their masks' values
         assert forecast.how == "fake tensors (nothing allocated)", forecast.how
     measured = measured_peak(pipeline, model, batch)
@@ -180,7 +180,7 @@ def test_forecast_of_a_real_tracked_step_is_within_15_percent_of_the_measured_st
     model, batch = MODELS[name]()
     pipeline = pipeline_of(model, tmp_path)
     with pipeline.weights_kept(model):
-        forecast = memory._training_step(pipeline, model, batch, None, fake=False)
+        forecast = memory_forecast._training_step(pipeline, model, batch, None, fake=False)
     measured = measured_peak(pipeline, model, batch)
     ratio = compare(name, forecast, measured, how="_training_step(fake=False)")
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, (
@@ -191,7 +191,7 @@ def test_loss_reading_a_value_falls_back_to_a_real_step_within_15_percent(tmp_pa
     model, batch = encoder()
     pipeline = pipeline_of(model, tmp_path, ValueReadingTrainer)
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    forecast = memory.training_step(pipeline, model, batch)
+    forecast = memory_forecast.training_step(pipeline, model, batch)
     assert forecast.how.startswith("a real step tracked on this machine"), forecast.how
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items()), \
         "the real step of the fallback left its updates in the model's weights"

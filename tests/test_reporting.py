@@ -9,7 +9,8 @@ from xml.etree import ElementTree
 import pytest
 from conftest import GOOD_SCRIPT, failures, outcomes, write
 
-from pytest_trainer import devices, reporting
+from pytest_trainer import devices
+from pytest_trainer.report import summary
 
 
 def test_summary_is_one_line_when_everything_passed(project: pytest.Pytester) -> None:
@@ -206,6 +207,6 @@ def test_a_non_finite_figure_is_still_strict_json() -> None:
     junit property, the JSON report and the step summary stay JSON a strict parser reads."""
     facts = {"stage": "forward", "figures": {"loss": math.nan, "norm": math.inf, "low": -math.inf, "ok": 1.5},
              "notes": [], "rows": [[math.nan, 2]]}
-    assert _strict(reporting.to_json(facts)) == {
+    assert _strict(summary.to_json(facts)) == {
         "stage": "forward", "figures": {"loss": "nan", "norm": "inf", "low": "-inf", "ok": 1.5}, "notes": [],
         "rows": [["nan", 2]]}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pytest_trainer.search import search
 from pytest_trainer.stages.save import first_rows
-from pytest_trainer.training import Pristine, non_finite
+from pytest_trainer.training import SavedWeights, non_finite
 
 #: The smallest correct script, asking for bf16 as TRL's configs do: the precision item then reports a loss at the
 #: starting weights (this machine turns bf16 off, and the item checks it under CPU autocast).
@@ -48,7 +48,7 @@ def test_starting_weights_come_back_and_the_trained_ones_are_named() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
     model[3].requires_grad_(False)
     before = {name: value.clone() for name, value in model.state_dict().items()}
-    pristine = Pristine(model)
+    pristine = SavedWeights(model)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     model.train()
     model(torch.randn(16, 4)).pow(2).sum().backward()

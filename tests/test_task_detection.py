@@ -283,11 +283,11 @@ def bare(cls: type) -> Any:
     (trl.GRPOTrainer, families.Online),
 ], ids=lambda value: value.__name__)
 def test_family_of_a_trainer_is_read_from_its_class_hierarchy(cls: type, family: type) -> None:
-    assert type(families.of(bare(cls))) is family
+    assert type(families.family_of(bare(cls))) is family
 
 
 def test_preference_family_says_preference_pairs_over_the_trl_token_columns() -> None:
-    task = families.of(bare(trl.DPOTrainer)).task(llama())
+    task = families.family_of(bare(trl.DPOTrainer)).task(llama())
     assert task.labels == tasks.PREFERENCE
     assert "input_ids" in task.token_columns
     assert {"chosen_input_ids", "rejected_input_ids"} <= set(task.token_columns)
@@ -297,7 +297,7 @@ def test_preference_family_says_preference_pairs_over_the_trl_token_columns() ->
 def test_non_preference_families_take_the_model_s_own_task() -> None:
     model = llama()
     for cls in (Trainer, Seq2SeqTrainer, trl.SFTTrainer):
-        assert families.of(bare(cls)).task(model) == tasks.detect(model), cls.__name__
+        assert families.family_of(bare(cls)).task(model) == tasks.detect(model), cls.__name__
 
 
 def test_only_trainers_that_make_batches_of_their_own_say_they_build_them() -> None:
@@ -311,16 +311,16 @@ def test_seq2seq_family_passes_the_generation_settings_only_with_predict_with_ge
     trainer = bare(Seq2SeqTrainer)
     trainer.args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True,
                                             generation_max_length=7, generation_num_beams=2, report_to="none")
-    assert families.of(trainer).prediction_settings(trainer) == {"max_length": 7, "num_beams": 2}
+    assert families.family_of(trainer).prediction_settings(trainer) == {"max_length": 7, "num_beams": 2}
     trainer.args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), generation_max_length=7, report_to="none")
-    assert families.of(trainer).prediction_settings(trainer) == {}
+    assert families.family_of(trainer).prediction_settings(trainer) == {}
 
 
 def test_preference_family_reports_the_last_logged_log_probabilities() -> None:
     trainer = bare(trl.DPOTrainer)
     trainer._metrics = {"train": {"logps/chosen": [-3.0, -1.5], "logps/rejected": [-2.5], "rewards/margins": [0.25],
                                   "loss": [0.7]}}
-    figures, notes = families.of(trainer).after_forward(trainer)
+    figures, notes = families.family_of(trainer).after_forward(trainer)
     assert figures == {"logps_chosen": -1.5, "logps_rejected": -2.5, "rewards_margins": 0.25}
     assert len(notes) == 1 and "-1.5" in notes[0] and "-2.5" in notes[0]
 
@@ -329,11 +329,11 @@ def test_preference_family_fails_a_batch_with_non_finite_log_probabilities() -> 
     trainer = bare(trl.DPOTrainer)
     trainer._metrics = {"train": {"logps/chosen": [math.nan], "logps/rejected": [-2.0]}}
     with pytest.raises(diagnosis.PipelineFailure, match="non-finite"):
-        families.of(trainer).after_forward(trainer)
+        families.family_of(trainer).after_forward(trainer)
 
 
 def test_online_family_has_no_label_column_and_says_why() -> None:
-    task = families.of(bare(trl.GRPOTrainer)).task(llama())
+    task = families.family_of(bare(trl.GRPOTrainer)).task(llama())
     assert task.labels == tasks.REWARD
     assert task.not_classes()
     assert "input_ids" in task.token_columns

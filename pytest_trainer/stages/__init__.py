@@ -106,9 +106,9 @@ class TrainerStage:
             ended = True
         finally:
             if not (ended and self.shares_training):
-                pipeline.settle()
+                pipeline.end_fixed_batch_runs()
             if ended and not self.shares_training:  # a marked test's own assertions read the model where it was
-                pipeline.home()
+                pipeline.move_model_back()
         return self.result
 
     def _skip_unless_it_applies(self, pipeline: Pipeline) -> None:
@@ -180,9 +180,9 @@ def _user_failure(error: Exception, pipeline: Pipeline, stage: str) -> Exception
     part = diagnosis.part_of(error)
     if part is None:
         return diagnosis.InternalError(stage, error)
-    from pytest_trainer import explanations
+    from pytest_trainer.explanations import pipeline_rows
 
     try:
-        return explanations.explain(error, pipeline) or diagnosis.raised_by(error, part)
+        return pipeline_rows.explain(error, pipeline) or diagnosis.raised_by(error, part)
     except Exception as crash:  # explaining is the plugin's own work
         return diagnosis.InternalError(stage, crash)

@@ -27,7 +27,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "the model has no trainable parameter: every parameter has requires_grad=False, so nothing can learn",
             "unfreeze what should train, e.g. model.requires_grad_(True), or only the head's parameters",
         )
-    run = pipeline.trajectory(device, within=0)  # the gradients the step stage then steps with
+    run = pipeline.fixed_batch_run(device, within=0)  # the gradients the step stage then steps with
     value = run.gradients()
     if not run.attached and pipeline.checkpointing:
         raise _checkpointed_inputs(pipeline, len(trainable), len(trainable))

@@ -29,7 +29,7 @@ class StageResult:
     gradients: dict[str, Any] | None = None
     figures: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    #: What the reports draw, as JSON values by name ("rows", "loss_curve", "memory", "rewards"): see `pictures`.
+    #: What the reports draw, as JSON values by name ("rows", "loss_curve", "memory", "rewards"): see `report.pictures`.
     pictures: dict[str, Any] = field(default_factory=dict)
 
 
@@ -45,6 +45,12 @@ def with_pictures(failure: E, result: StageResult) -> E:
 def everywhere(task: Task, family: Family) -> str | None:
     """A stage that applies to every task and every trainer family."""
     return None
+
+
+def row_by_row(task: Task, family: Family) -> str | None:
+    """Why rows cannot be cut and padded one by one, or None: the model takes a token sequence and the trainer
+    batches rows (the `lengths` and `padding` properties)."""
+    return family.builds_own_batches or task.no_sequence()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    from pytest_trainer import data_checks
+    from pytest_trainer import fed_checks
 
     batch = pipeline.batches.first()
     loose = {key: type(value).__name__ for key, value in batch.items() if not torch.is_tensor(value)}
@@ -31,13 +31,13 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     from pytest_trainer import vision_text
 
     vision_text.check_images_kept(pipeline, batch)
-    data_checks.check_batch_tokens(pipeline, batch)
+    fed_checks.check_batch_tokens(pipeline, batch)
     on_device = pipeline.batches.on(device)
     main = batch.get(pipeline.task.sequence or "")
     sizes = [len(value) for value in ([main] if torch.is_tensor(main) else batch.values())
              if torch.is_tensor(value) and value.dim() > 0]
     result = StageResult("collate", device, batch=on_device, figures={"batch_size": float(max(sizes, default=0))})
-    from pytest_trainer import pictures
+    from pytest_trainer.report import pictures
 
     try:  # a picture for the reports: a tokenizer that cannot show its tokens fails nothing
         result.pictures["rows"] = pictures.batch_rows(pipeline, batch)

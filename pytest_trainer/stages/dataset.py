@@ -1,6 +1,6 @@
 """`dataset`: every row of every split, as the Trainer will feed it, fits the model.
 
-The checks themselves are in `data_checks`, shared with the `eval` stage, which runs them on every evaluation split.
+The checks themselves are in `fed_checks`, shared with the `eval` stage, which runs them on every evaluation split.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING
 from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
-    from pytest_trainer.fed import FedSplit
+    from pytest_trainer.fed_data import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
     """Check the training split; the evaluation splits get the same checks at the `eval` stage."""
-    from pytest_trainer import data_checks
+    from pytest_trainer import fed_checks
 
     split = pipeline.training
     notes: list[str] = []
-    table = data_checks.check_split(pipeline, split, lambda: data_checks.check_labels_present(pipeline, split.table),
-                                    lambda: data_checks.check_labels_vary(pipeline, split),
+    table = fed_checks.check_split(pipeline, split, lambda: fed_checks.check_labels_present(pipeline, split.table),
+                                    lambda: fed_checks.check_labels_vary(pipeline, split),
                                     lambda: notes.extend(pipeline.family.check_training(pipeline.trainer, split)),
                                     lambda: notes.extend(_overlaps(pipeline)))
     result = StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})

@@ -2,8 +2,8 @@
 
 The script runs again in N fresh interpreters started by torch.distributed.run, the engine users run (gloo on the
 CPU, NCCL on GPUs), and each rank trains a few steps through the Trainer's own train() (its DDP wrapper, gradient
-checkpointing and find_unused_parameters as it sets them), evaluates once and saves one checkpoint (`rank`). What
-only exists with several processes is then judged (`rank_checks`): DDP's errors, ranks that build different data,
+checkpointing and find_unused_parameters as it sets them), evaluates once and saves one checkpoint (`distributed.rank`). What
+only exists with several processes is then judged (`distributed.judges`): DDP's errors, ranks that build different data,
 train on the same rows, drift apart or hang, an evaluation that miscounts rows, files written twice, a checkpoint
 that does not reload, and, where FSDP is asked for, a state dict that does not survive sharding.
 """
@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, processes, rank_checks, sharding
+from pytest_trainer import diagnosis
+from pytest_trainer.distributed import judges, processes, sharding
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.timeouts import TIMEOUT
 
@@ -54,8 +55,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         ranks = processes.run(job, timeout)
         result.figures["distributed_seconds"] = round(ranks.seconds, 2)
         try:
-            rank_checks.stopped(pipeline, ranks, job)
-            result.notes.extend(rank_checks.findings(pipeline, ranks, job))
+            judges.stopped(pipeline, ranks, job)
+            result.notes.extend(judges.findings(pipeline, ranks, job))
         except diagnosis.TrainerError as failure:
             raise _also(failure, wrong) from failure.__cause__
     if wrong is not None:

@@ -15,7 +15,7 @@ from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
-    from pytest_trainer.fed import FedSplit as Split
+    from pytest_trainer.fed_data import FedSplit as Split
     from pytest_trainer.pipeline import Pipeline
 
 #: Batches of each evaluation split run through the prediction step.
@@ -25,13 +25,13 @@ BATCHES = 2
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
-    from pytest_trainer import data_checks
+    from pytest_trainer import fed_checks
 
     splits = [split for split in pipeline.splits if split.description != "training"]
     result = StageResult("eval", device)
     returned: list[metric_settings.Evaluated] = []
     for split in splits:
-        data_checks.check_split(pipeline, split)
+        fed_checks.check_split(pipeline, split)
         metrics, loss = _evaluate(pipeline, device, split)
         result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
         returned.append(metric_settings.Evaluated("eval" if split.key is None else f"eval_{split.key}", loss,

@@ -42,16 +42,16 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 def _unmarked_documents(pipeline: Pipeline, model: Any, device: str) -> str | None:
     """Two training samples collated alone: packed into one sequence with no boundary, the second sees the first."""
-    from pytest_trainer import fed
+    from pytest_trainer import fed_data
     from pytest_trainer.asked import packing
 
     found = pipeline.batches.spread(2)
-    if len(found) != 1 or fed.packed(found[0][1], len(found[0][0])) is None:
+    if len(found) != 1 or fed_data.packed(found[0][1], len(found[0][0])) is None:
         return None
     samples, batch, stored = found[0]
     conversations = any(isinstance(row, dict) and (row.get("messages") or row.get("completion")) for row in stored) \
         or any(_answers_a_prompt(sample) for sample in samples)
-    return packing.check_unmarked_documents(model, samples, fed.moved(batch, device), conversations)
+    return packing.check_unmarked_documents(model, samples, fed_data.moved(batch, device), conversations)
 
 
 STAGE = Stage("forward", rank=40, run=run, needs=("collate",))

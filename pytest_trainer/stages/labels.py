@@ -101,9 +101,9 @@ def _relabel(current: Any, value: Any) -> Any:
 
 def _rejected(pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, row: int,
               error: Exception) -> diagnosis.PipelineFailure:
-    from pytest_trainer import explanations
+    from pytest_trainer.explanations import pipeline_rows
 
-    explained = explanations.explain(error, pipeline)
+    explained = pipeline_rows.explain(error, pipeline)
     if explained is not None and "problem_type" in explained.cause:
         return diagnosis.PipelineFailure(f"label {value!r} (row {row}): {explained.cause}", explained.fix)
     config = getattr(pipeline.model, "config", None)

@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.losses import checked_loss, has_targets
-from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.stages.base import Stage, StageResult, row_by_row
 
 if TYPE_CHECKING:
     from pytest_trainer import strategies
-    from pytest_trainer.families import Family
     from pytest_trainer.pipeline import Pipeline
-    from pytest_trainer.tasks import Task
 
 #: A tokenizer's model_max_length at or above this was never set (transformers uses a huge sentinel).
 UNSET_MAX_LENGTH = 10**12
@@ -28,7 +26,8 @@ UNSET_MAX_LENGTH = 10**12
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    from pytest_trainer import explanations, strategies
+    from pytest_trainer import strategies
+    from pytest_trainer.explanations import pipeline_rows
     from pytest_trainer.search import search
 
     strategies.require_sequences(pipeline)
@@ -47,7 +46,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         except Exception as error:
             if not diagnosis.owned_by_pipeline(error):
                 raise
-            found = explanations.explain(error, pipeline)
+            found = pipeline_rows.explain(error, pipeline)
             rows = ("row " if len(example.rows) == 1 else "rows ") + ", ".join(map(str, example.rows))
             text = pipeline.decoded(example.features[0][model_input])
             first_line = str(error).splitlines()[0] if str(error) else ""
@@ -92,9 +91,4 @@ def _tokens(count: int) -> str:
     return f"{count} token" if count == 1 else f"{count} tokens"
 
 
-def applies(task: Task, family: Family) -> str | None:
-    """Rows can be cut and padded one by one where the model takes a token sequence and the trainer batches rows."""
-    return family.builds_own_batches or task.no_sequence()
-
-
-STAGE = Stage("lengths", rank=130, run=run, needs=("forward",), applies=applies)
+STAGE = Stage("lengths", rank=130, run=run, needs=("forward",), applies=row_by_row)

@@ -17,8 +17,8 @@ from pytest_trainer import diagnosis, training
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 
 if TYPE_CHECKING:
-    from pytest_trainer import memory
-    from pytest_trainer.fed import FedSplit
+    from pytest_trainer import memory_forecast
+    from pytest_trainer.fed_data import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
 GIB = 2**30
@@ -27,7 +27,7 @@ GIB = 2**30
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    from pytest_trainer import memory
+    from pytest_trainer import memory_forecast
 
     model = pipeline.model_on(device)
     args = pipeline.trainer.args
@@ -36,7 +36,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     batch, length = longest_batch(pipeline, pipeline.training, per_device, device)
     mixed = pipeline.precision()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed or "")
-    step = memory.training_step(pipeline, model, batch, dtype)
+    step = memory_forecast.training_step(pipeline, model, batch, dtype)
     at = f"per_device_train_batch_size={per_device}" + (f" and the longest sequence of the data ({length} tokens)"
                                                    if length else "")
     result.figures.update({"train_step_gib": step.peak / GIB, "sequence_length": float(length),
@@ -48,8 +48,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                                            "peak": int(step.peak), "budget": int(budget) if budget else None}
     if budget and step.peak > budget:
         raise with_pictures(diagnosis.PipelineFailure(
-            f"one training step needs about {memory.size(step.peak)} at {at}, more than the "
-            f"{memory.size(budget)} of GPU memory: {step.describe()}",
+            f"one training step needs about {memory_forecast.size(step.peak)} at {at}, more than the "
+            f"{memory_forecast.size(budget)} of GPU memory: {step.describe()}",
             "lower per_device_train_batch_size and raise gradient_accumulation_steps to keep the effective batch, "
             "cap the sequence length (max_length), turn on gradient_checkpointing, train in bf16, or train "
             "adapters (LoRA) instead of every weight",
@@ -59,13 +59,13 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         gathered, peak, rows, per_row = evaluation
         result.figures.update({"eval_gathered_gib": gathered / GIB, "eval_peak_gib": peak / GIB})
         picture["evaluation"] = {"gathered": int(gathered), "peak": int(peak), "rows": int(rows)}
-        result.notes.append(f"evaluation gathers {memory.size(per_row)} of predictions per row for compute_metrics "
-                            f"({rows} rows here: {memory.size(gathered)} on the GPU)")
+        result.notes.append(f"evaluation gathers {memory_forecast.size(per_row)} of predictions per row for compute_metrics "
+                            f"({rows} rows here: {memory_forecast.size(gathered)} on the GPU)")
         if budget and peak > budget:
             raise with_pictures(diagnosis.PipelineFailure(
                 f"evaluation keeps the predictions of every row on the GPU for compute_metrics: {rows} rows x "
-                f"{memory.size(per_row)} = {memory.size(gathered)} beside the model and its optimizer state, "
-                f"{memory.size(peak)} in all, more than the {memory.size(budget)} of GPU memory",
+                f"{memory_forecast.size(per_row)} = {memory_forecast.size(gathered)} beside the model and its optimizer state, "
+                f"{memory_forecast.size(peak)} in all, more than the {memory_forecast.size(budget)} of GPU memory",
                 "reduce the logits before they are gathered with preprocess_logits_for_metrics (e.g. return "
                 "logits.argmax(-1)), or set eval_accumulation_steps to move them to the CPU every few batches",
             ), result)
@@ -73,7 +73,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         measured = _measured_step(pipeline, model, batch, dtype)
         result.figures["train_step_measured_gib"] = measured / GIB
         picture["measured"] = int(measured)
-        result.notes.append(f"measured on this GPU: {memory.size(measured)} (forecast {memory.size(step.peak)})")
+        result.notes.append(f"measured on this GPU: {memory_forecast.size(measured)} (forecast {memory_forecast.size(step.peak)})")
     if pipeline.settings.batch_size:
         result.notes.append("the batch size is the one --trainer-batch-size sets, not the script's")
     return result
@@ -121,9 +121,9 @@ def _budget(pipeline: Pipeline, device: str) -> int:
     return 0
 
 
-def _evaluation(pipeline: Pipeline, model: Any, step: memory.Forecast, device: str) -> tuple[int, int, int, int] | None:
+def _evaluation(pipeline: Pipeline, model: Any, step: memory_forecast.Forecast, device: str) -> tuple[int, int, int, int] | None:
     """(bytes gathered, peak bytes, rows, bytes per row) of an evaluation that gathers predictions, else None."""
-    from pytest_trainer import memory
+    from pytest_trainer import memory_forecast
 
     trainer, args = pipeline.trainer, pipeline.trainer.args
     if trainer.compute_metrics is None or args.prediction_loss_only:
@@ -133,7 +133,7 @@ def _evaluation(pipeline: Pipeline, model: Any, step: memory.Forecast, device: s
         return None
     per_device = int(args.per_device_eval_batch_size)
     batch, _ = longest_batch(pipeline, split, per_device, device)
-    per_row = memory.eval_outputs_per_row(pipeline, model, batch, device)
+    per_row = memory_forecast.eval_outputs_per_row(pipeline, model, batch, device)
     try:  # the Trainer gathers every row of the split, not only the ones the plugin read
         rows = len(split.given)
     except TypeError:  # a stream: the rows read

@@ -113,7 +113,7 @@ def _attempt(pipeline: Pipeline, device: str, factor: float = 1.0) -> Attempt:
 
     At the script's rate the run continues the step stage's: its first step is that one.
     """
-    run = pipeline.trajectory(device, factor, within=FIRST_CHECK)
+    run = pipeline.fixed_batch_run(device, factor, within=FIRST_CHECK)
     before = run.starting_loss()
     after, check_at, last, taken = before, FIRST_CHECK, pipeline.settings.overfit_steps, 0
     for step in range(1, last + 1):

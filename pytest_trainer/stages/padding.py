@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.losses import has_targets
-from pytest_trainer.stages.base import Stage, StageResult
-from pytest_trainer.stages.lengths import applies as lengths_apply
+from pytest_trainer.stages.base import Stage, StageResult, row_by_row
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -28,7 +27,7 @@ TOLERANCE = 1e-4
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
-    from pytest_trainer import fed, strategies
+    from pytest_trainer import fed_data, strategies
     from pytest_trainer.search import search
 
     if pipeline.family.padded_by_library:
@@ -39,7 +38,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     model_input = pipeline.task.sequence or ""
     check_pad_token(pipeline)
     if len(pipeline.training) >= 2:
-        how = fed.packed(pipeline.batches.collate(pipeline.batches.rows([0, 1]), "cpu"), 2)
+        how = fed_data.packed(pipeline.batches.collate(pipeline.batches.rows([0, 1]), "cpu"), 2)
         if how is not None:
             pytest.skip(f"the collator packs rows into one sequence ({how}): no row is padded beside another")
     model = pipeline.model_on(device)
@@ -157,7 +156,7 @@ def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: 
 def applies(task: Task, family: Family) -> str | None:
     if family.padded_by_library:
         return None
-    reason = lengths_apply(task, family)
+    reason = row_by_row(task, family)
     if reason is None and task.positions:
         return "question answering: the softmax over answer positions spans the padding too (transformers' QA " \
                "heads do not mask it), so padded and unpadded losses differ by design"

@@ -38,7 +38,7 @@ RELOADED_ADAPTER = "pytest_trainer_reloaded"
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    run = pipeline.trajectory(device)  # trained by the step and overfit stages, or one step here
+    run = pipeline.fixed_batch_run(device)  # trained by the step and overfit stages, or one step here
     if run.steps == 0:
         run.step()
     model, batch = run.model, run.batch

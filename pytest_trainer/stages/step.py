@@ -19,7 +19,7 @@ STUCK = 0.9
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    run = pipeline.trajectory(device, within=0)  # steps with the backward stage's gradients
+    run = pipeline.fixed_batch_run(device, within=0)  # steps with the backward stage's gradients
     model = run.model
     result = StageResult("step", device, batch=run.batch)
     result.loss = run.step()

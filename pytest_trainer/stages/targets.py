@@ -63,7 +63,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     check_rows_supervised(asked)
     check_shift(pipeline, asked)
     check_prompt_unlabelled(asked)
-    from pytest_trainer import pictures
+    from pytest_trainer.report import pictures
 
     shown = pictures.trained_and_asked(asked)
     if shown:

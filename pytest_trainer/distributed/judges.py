@@ -16,11 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, explanations
+from pytest_trainer import diagnosis, frames
+from pytest_trainer.explanations import pipeline_rows
 
 if TYPE_CHECKING:
+    from pytest_trainer.distributed.processes import Job, Ranks
     from pytest_trainer.pipeline import Pipeline
-    from pytest_trainer.processes import Job, Ranks
 
 #: Relative difference allowed between the metrics of the distributed evaluation and a one-process one, and between
 #: the trained loss and the reloaded checkpoint's (batches are padded and summed in another order).
@@ -288,7 +289,7 @@ def _error(pipeline: Pipeline, rank: int, error: dict[str, Any], others: list[in
         cause, _, rest = error["rendered"].partition("\n  fix: ")
         fix, *details = rest.split("\n")
         return diagnosis.PipelineFailure(f"rank {rank}: {cause}{also}", fix, details)
-    explained = explanations.explain(original, pipeline) if original is not None else None
+    explained = pipeline_rows.explain(original, pipeline) if original is not None else None
     if explained is None:
         part = error.get("part") or "the script under torch.distributed"
         explained = diagnosis.raised_by(original or RuntimeError(error["message"]), part)
@@ -349,8 +350,8 @@ def _frames(stack: str) -> list[str]:
 
 
 def _users(frame: str) -> bool:
-    """A frame of the user's code: the script or a file of theirs, not a library's nor pytest-trainer's."""
-    return not any(part in frame for part in ("site-packages", "dist-packages", "/lib/python", "pytest_trainer"))
+    """A frame of the user's code: the script or a file of theirs, not a library's, Python's nor pytest-trainer's."""
+    return frames.is_users(frame.rsplit(" in ", 1)[0].rsplit(":", 1)[0])  # `path:line in function`
 
 
 def _with(failure: diagnosis.TrainerError, data: diagnosis.PipelineFailure | None) -> diagnosis.TrainerError:

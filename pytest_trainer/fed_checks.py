@@ -1,6 +1,6 @@
 """Checks of the data as the Trainer feeds it: every split (as `dataset` and `eval` read it) and a collated batch.
 
-The splits are read after the Trainer's own removal of unused columns (`fed.FedSplit`). A column fed as
+The splits are read after the Trainer's own removal of unused columns (`fed_data.FedSplit`). A column fed as
 stored (the class ids, most often) is checked over every row of the split; what a transform computes
 is checked on rows spread over it. Each check names the first bad row by its index in the dataset.
 `label_problem` and `token_problem` tell why a library's error about labels or token ids was raised.
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_trainer import diagnosis, fed, model_facts, tables, task_checks, tasks
+from pytest_trainer import diagnosis, fed_data, model_facts, tables, task_checks, tasks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from pytest_trainer.fed import FedSplit
+    from pytest_trainer.fed_data import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
 
@@ -64,7 +64,7 @@ def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
         if named is not None:
             raise diagnosis.unnamed_inputs(type(model_facts.base_model(pipeline.model)).__name__, named,
                                            raw.column_names) from error
-        signature = fed.signature_columns(pipeline.trainer)
+        signature = fed_data.signature_columns(pipeline.trainer)
         taken = [name for name in signature if name not in ("args", "kwargs")]
         raise diagnosis.no_matching_columns(split.description, raw.column_names, taken) from error
     except Exception as error:

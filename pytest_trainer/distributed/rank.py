@@ -1,4 +1,4 @@
-"""One process of the `distributed` item: `python -m pytest_trainer.rank JOB`, started by torch.distributed.run.
+"""One process of the `distributed` item, started by torch.distributed.run: `python -m pytest_trainer.distributed.rank JOB`.
 
 Each rank is a fresh interpreter, as torchrun starts it for a real run, so whatever differs between two fresh
 interpreters (unseeded randomness, set order under hash randomization) differs here too. A rank runs the script up
@@ -31,8 +31,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pytest_trainer import diagnosis, families, sharding, training
-from pytest_trainer.loading import SCRIPT_SEED, Sandbox, load_trainer
+from pytest_trainer import diagnosis, families, training
+from pytest_trainer.distributed import sharding
+from pytest_trainer.script_runner import SCRIPT_SEED, Sandbox, load_trainer
 
 #: Rows of a split whose digest is compared between ranks (spread over the split), and rows counted of a stream.
 DIGEST_ROWS = 512
@@ -295,7 +296,7 @@ def batch_loss(trainer: Any, path: Path) -> float | None:
     if not path.is_file():
         return None
     batch = torch.load(path, weights_only=False)
-    family = families.of(trainer)
+    family = families.family_of(trainer)
     with diagnosis.pipeline_part("the model's forward at the trained weights"):
         loss, _ = training.eval_loss(lambda model, inputs: family.loss(trainer, model, inputs), trainer.model, batch)
     return float(loss)

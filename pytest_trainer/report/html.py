@@ -14,7 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_trainer.reporting import Grid, ItemRecord, PipelineReport, changed_notes, count, not_run
+from pytest_trainer.report.summary import Grid, ItemRecord, PipelineReport, changed_notes, count, not_run
 
 #: Outcome -> (background, text colour) of its cell in the grid.
 _OUTCOME_COLOURS = {"passed": ("#dcf2e1", "#166b2f"), "failed": ("#fddcdc", "#a4161a"),

@@ -40,7 +40,7 @@ class ItemRecord:
     blocked: bool = False
     #: Skipped because its device is not on this machine.
     unavailable: bool = False
-    #: What the stage drew (see `pytest_trainer.pictures`), for the HTML report.
+    #: What the stage drew (see `pytest_trainer.report.pictures`), for the HTML report.
     pictures: dict[str, Any] = field(default_factory=dict)
 
     @property

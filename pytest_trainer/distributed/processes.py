@@ -75,7 +75,7 @@ def run(job: Job, timeout: float) -> Ranks:
         "output_dir": str(job.output_dir), "batch": str(job.batch), "fsdp_layers": job.fsdp_layers,
     }))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.processes}",
-               "-m", "pytest_trainer.rank", str(job_file)]
+               "-m", "pytest_trainer.distributed.rank", str(job_file)]
     log = job.folder / "torchrun.log"
     started = time.monotonic()
     with open(log, "wb") as output:

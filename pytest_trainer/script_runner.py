@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from pytest_trainer import script_errors, stack, user_files
+from pytest_trainer import frames, stack, user_files
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.diagnosis import ScriptError
+from pytest_trainer.explanations import script_rows
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -142,9 +143,9 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             where = f"{error.filename}:{error.lineno}" if error.filename else None
             raise ScriptError(script, f"syntax error: {error.msg}", "fix the syntax of the script", where) from error
         except ImportError as error:
-            explained = script_errors.explain(error)  # a name a newer release of the library no longer has
+            explained = script_rows.explain(error)  # a name a newer release of the library no longer has
             if explained is not None:
-                raise ScriptError(script, *explained, _script_frame(script, error)) from error
+                raise ScriptError(script, explained.cause, explained.fix, _script_frame(script, error)) from error
             raise ScriptError(
                 script,
                 f"import failed: {error}",
@@ -153,9 +154,9 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
                 _script_frame(script, error),
             ) from error
         except Exception as error:
-            explained = script_errors.explain(error)
+            explained = script_rows.explain(error)
             if explained is not None:
-                raise ScriptError(script, *explained, _script_frame(script, error)) from error
+                raise ScriptError(script, explained.cause, explained.fix, _script_frame(script, error)) from error
             raise _raised(script, error) from error
     trainer = capture.trainer
     if trainer is None:
@@ -332,11 +333,7 @@ def _library_of(error: BaseException) -> str | None:
         trace = trace.tb_next
     if trace is None:
         return None
-    parts = Path(trace.tb_frame.f_code.co_filename).parts
-    for marker in ("site-packages", "dist-packages"):
-        if marker in parts and parts.index(marker) + 1 < len(parts):
-            return parts[parts.index(marker) + 1].removesuffix(".py")
-    return None
+    return frames.library(trace.tb_frame.f_code.co_filename)
 
 
 def _exit_error(script: Path, exit: SystemExit, last_lines: list[str], given: list[str]) -> ScriptError:

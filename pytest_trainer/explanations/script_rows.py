@@ -1,0 +1,351 @@
+"""The errors a script raises while it builds its Trainer, explained in the terms of fine-tuning libraries.
+
+The script runner asks `explain` for a cause and a fix before it falls back to the library's own message: those
+messages say what failed, not what to write instead. A row reads the error's traceback (the trainer, the config, the
+model in its frames' locals) and imports nothing of the pipeline, so running a script needs only this half.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import types
+from collections.abc import Callable
+from typing import Any
+
+from pytest_trainer.explanations.registry import SCRIPT, Explained, first, row
+
+
+def explain(error: BaseException) -> Explained | None:
+    """The cause and fix of an error raised while the script builds its Trainer, else None."""
+    found: Explained | None = first(SCRIPT, error)
+    return found
+
+
+@row(SCRIPT, "LoRA target modules not in the model",
+      "ValueError: Target modules {'q_proj', 'v_proj'} not found in the base model.",
+      r"", "load")
+def _lora_targets(match: re.Match[str], error: BaseException) -> Explained | None:
+    message = str(error)
+    if type(error).__name__ != "NoMatchingPeftModuleError" and not re.search(
+            r"Target modules .* not found in the base model", message):
+        return None
+    model = _local_of_type(error, "model", _is_module, innermost=True)
+    names = linear_module_names(model) if model is not None else []
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    usual = _usual_targets(family)
+    found = f"; its linear modules are {', '.join(names)}" if names else ""
+    return Explained(
+        f"LoRA's target modules were not found in the model ({message.splitlines()[0]}){found}",
+        "name modules of this model in LoraConfig(target_modules=...)"
+        + (f", e.g. {usual} for {family} models" if usual else "")
+        + ", or target_modules='all-linear'",
+    )
+
+
+@row(SCRIPT, "a reference model loaded from a checkpoint that is not there",
+      "OSError: ... is not a local folder and is not a valid model identifier (TRL loading ref_model_path)",
+      r"", "load")
+def _reference_checkpoint(match: re.Match[str], error: BaseException) -> Explained | None:
+    reference = _local_of_type(error, "ref_model_path", lambda value: isinstance(value, str))
+    if reference is None or not isinstance(error, (OSError, ValueError)):
+        return None
+    message = str(error)
+    which = "a model built from a config does not have" if not reference else "cannot be loaded here"
+    return Explained(
+        "the trainer could not build its reference model: with no ref_model given, it loads one from the "
+        f"policy model's checkpoint ({reference!r}), which {which} "
+        f"({type(error).__name__}: {message.splitlines()[0] if message else ''})",
+        "pass ref_model= (a copy of the model, copy.deepcopy(model), or a checkpoint on this machine), or train "
+        "with a peft_config: the model without its adapter is then the reference",
+    )
+
+
+@row(SCRIPT, "an online RL reference model loaded by the name of a model built from a config",
+      "OSError: Repo id must use alphanumeric chars '-', '_' or '.' ...: '' (RLOO, or GRPO, with beta > 0)",
+      r"", "load")
+def _online_reference(match: re.Match[str], error: BaseException) -> Explained | None:
+    args = _local_of_type(error, "args", lambda value: hasattr(value, "beta") and hasattr(value, "num_generations"))
+    model_id = _local_of_type(error, "model_id", lambda value: isinstance(value, str), innermost=True)
+    policy = _local_of_type(error, "model", _is_module)  # loaded already: the load that failed is the reference's
+    beta = getattr(args, "beta", 0)
+    if model_id is None or policy is None or not beta or not isinstance(error, (OSError, ValueError)):
+        return None
+    which = "a model built from a config does not have" if not model_id else "cannot be loaded here"
+    message = str(error)
+    return Explained(
+        f"with beta={beta:g}, the trainer builds a reference model for its KL term by loading the policy model's "
+        f"checkpoint by name ({model_id!r}), which {which} ({type(error).__name__}: "
+        f"{message.splitlines()[0] if message else ''})",
+        "set beta=0.0 in the config (no KL term, no reference model), or build the model with from_pretrained "
+        "from a checkpoint on this machine (save_pretrained it first)",
+    )
+
+
+#: The dataset formats each TRL trainer takes, as its documentation names them.
+TRL_FORMATS = {
+    "SFTTrainer": "'text', or 'messages' (conversational), or 'prompt' and 'completion'",
+    "DPOTrainer": "'prompt', 'chosen' and 'rejected' (or 'chosen' and 'rejected' with the prompt in them)",
+    "RewardTrainer": "'chosen' and 'rejected' (optionally with 'prompt')",
+    "KTOTrainer": "'prompt', 'completion' and 'label'",
+    "ORPOTrainer": "'prompt', 'chosen' and 'rejected'",
+    "CPOTrainer": "'prompt', 'chosen' and 'rejected'",
+}
+
+
+@row(SCRIPT, "a TRL dataset in another format", "KeyError: 'chosen' / KeyError: 'text' (inside the TRL trainer)",
+      r"", "load")
+def _trl_format(match: re.Match[str], error: BaseException) -> Explained | None:
+    if not isinstance(error, KeyError) or not _raised_in(error, "/trl/"):
+        return None
+    trainer = _local_of_type(error, "self", lambda value: type(value).__name__ in TRL_FORMATS)
+    if trainer is None:
+        return None
+    name = type(trainer).__name__
+    row = _local_of_type(error, "example", lambda value: hasattr(value, "keys")) or _local_of_type(
+        error, "batch", lambda value: hasattr(value, "keys"))
+    columns = ", ".join(repr(key) for key in list(row.keys())) if row is not None else "unknown"
+    return Explained(
+        f"{name} found no column {error.args[0]!r} in the dataset: its columns are {columns}, "
+        f"and {name} takes {TRL_FORMATS[name]}",
+        "rename the columns (dataset.rename_column(old, new)) or map the rows into one of those formats",
+    )
+
+
+@row(SCRIPT, "a stream without max_steps",
+      "ValueError: The train_dataset does not implement __len__, max_steps has to be specified.",
+      r"max_steps.*(__len__|does not have a length)|(__len__|does not have a length).*max_steps", "load")
+def _stream_without_max_steps(match: re.Match[str], error: BaseException) -> Explained:
+    return Explained(
+        "the training dataset is a stream (an IterableDataset, or streaming=True) and TrainingArguments has no "
+        "max_steps: the Trainer cannot tell how long an epoch is",
+        "set max_steps in TrainingArguments (the number of optimizer steps to train for)",
+    )
+
+
+@row(SCRIPT, "the policy given as its own reference (TRL)",
+      "ValueError: `model` and `ref_model` cannot be the same object.",
+      r"`?model`? and `?ref_model`? cannot be the same object", "load")
+def _same_reference(match: re.Match[str], error: BaseException) -> Explained:
+    return Explained(
+        "the same model object is passed as the policy and as ref_model: the reference must stay frozen while the "
+        "policy trains, so it has to be another object",
+        "pass ref_model=copy.deepcopy(model), or leave ref_model out (the trainer then loads a frozen copy from the "
+        "model's checkpoint), or train with a peft_config (the model without its adapter is the reference)",
+    )
+
+
+@row(SCRIPT, "GRPO generations per prompt that do not divide the batch",
+      "ValueError: generation_batch_size (6) must be divisible by num_generations (8).",
+      r"(generation_batch_size|global train batch size)[^0-9]*\(?(?:\d+ x )?(\d+)\)?.*divisible by (?:the number of "
+      r"generations per prompt|num_generations) \((\d+)\)", "load")
+def _grpo_groups(match: re.Match[str], error: BaseException) -> Explained:
+    batch, generations = int(match.group(2)), int(match.group(3))
+    divisors = [str(number) for number in range(2, batch + 1) if batch % number == 0]
+    multiple = generations * max(1, -(-batch // generations))
+    whole = math.lcm(generations, batch)  # generation_batch_size holds whole groups and whole training batches
+    return Explained(
+        f"GRPO samples num_generations={generations} completions of each prompt and scores them as a group, so a "
+        f"generation batch must hold whole groups, but it holds {batch} completions "
+        "(per_device_train_batch_size x gradient_accumulation_steps x processes, or generation_batch_size)",
+        f"make the generation batch a multiple of {generations} (e.g. per_device_train_batch_size={multiple} or "
+        f"generation_batch_size={whole})"
+        + (f", or set num_generations to a divisor of {batch} ({', '.join(divisors)})" if divisors else ""),
+    )
+
+
+@row(SCRIPT, "masked-LM collator with a tokenizer without a mask token",
+      "ValueError: This tokenizer does not have a mask token which is necessary for masked language modeling.",
+      r"does not have a mask token which is necessary for masked language modeling", "load")
+def _mlm_without_mask(match: re.Match[str], error: BaseException) -> Explained:
+    return Explained(
+        "DataCollatorForLanguageModeling masks tokens by default (mlm=True, for BERT-style models), and this "
+        "tokenizer has no mask token: it is a causal LM's tokenizer",
+        "for a causal LM pass DataCollatorForLanguageModeling(tokenizer, mlm=False), which makes labels from "
+        "input_ids; for masked LM use a tokenizer with a mask token",
+    )
+
+
+@row(SCRIPT, "load_best_model_at_end with save and eval at different times",
+      "ValueError: --load_best_model_at_end requires the save and eval strategy to match",
+      r"(?s)load_best_model_at_end requires the save and eval strategy to match.*Evaluation strategy: "
+      r"(?:\w+\.)?(\w+).*Save strategy: (?:\w+\.)?(\w+)", "load")
+def _best_model_strategies(match: re.Match[str], error: BaseException) -> Explained:
+    evaluate, save = match.group(1).lower(), match.group(2).lower()
+    return Explained(
+        f"load_best_model_at_end keeps the checkpoint of the best evaluation, but the script evaluates by {evaluate!r}"
+        f" and saves by {save!r}, so the best evaluation may have no checkpoint",
+        f"save when you evaluate: save_strategy={evaluate!r} (with save_steps equal to eval_steps for 'steps'), or "
+        "drop load_best_model_at_end",
+    )
+
+
+@row(SCRIPT, "load_best_model_at_end with save steps not a multiple of eval steps",
+      "ValueError: --load_best_model_at_end requires the saving steps to be a round multiple of the evaluation steps",
+      r"load_best_model_at_end requires the sav\w* steps to be a round multiple of the evaluation steps, but found "
+      r"(\d+), which is not a round multiple of (\d+)", "load")
+def _best_model_steps(match: re.Match[str], error: BaseException) -> Explained:
+    save, evaluate = int(match.group(1)), int(match.group(2))
+    nearest = max(evaluate, round(save / evaluate) * evaluate)
+    return Explained(
+        f"load_best_model_at_end keeps the checkpoint of the best evaluation, but checkpoints every {save} steps "
+        f"miss most evaluations every {evaluate} steps",
+        f"make save_steps a multiple of eval_steps: save_steps={nearest} (or eval_steps={save}), or drop "
+        "load_best_model_at_end",
+    )
+
+
+_UNEXPECTED = r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'"
+
+
+def _arguments_class(name: str) -> bool:
+    return name.endswith(("Arguments", "Config"))
+
+
+@row(SCRIPT, "an argument transformers 5 or TRL 1.x renamed or removed (TrainingArguments and the TRL configs)",
+      "TypeError: TrainingArguments.__init__() got an unexpected keyword argument 'evaluation_strategy'",
+      _UNEXPECTED, "load")
+def _renamed_argument(match: re.Match[str], error: BaseException) -> Explained | None:
+    from pytest_trainer import renames
+
+    where, old = match.group(1), match.group(2)
+    if not isinstance(error, TypeError) or not _arguments_class(where):
+        return None
+    change = renames.CONFIG_FIELDS.get(where, {}).get(old) or renames.ARGUMENTS.get(old)
+    if change is None:
+        return None
+    library = "trl" if change.release.startswith("TRL") else "transformers"
+    return Explained(
+        f"{change.told(where)}; this machine has {renames.library_release(library)}, and the script was written for "
+        "an older release",
+        change.fix(f"{where}(...)"),
+    )
+
+
+@row(SCRIPT, "a trainer argument renamed, or moved into the TRL config",
+      "TypeError: Trainer.__init__() got an unexpected keyword argument 'tokenizer'", _UNEXPECTED, "load")
+def _renamed_trainer_argument(match: re.Match[str], error: BaseException) -> Explained | None:
+    from pytest_trainer import renames
+
+    where, old = match.group(1), match.group(2)
+    if not isinstance(error, TypeError) or not where.endswith("Trainer"):
+        return None
+    change = renames.TRAINER_ARGUMENTS.get(where, {}).get(old) or renames.TRAINER_ARGUMENTS["*"].get(old)
+    if change is not None:
+        return Explained(f"{change.told(where)} (this machine has {renames.library_release('transformers')}, "
+                         f"{renames.library_release('trl')})", change.fix(f"{where}(...)"))
+    config, moved = renames.MOVED_TO_CONFIG.get(where, ("", ()))
+    if old not in moved:
+        return None
+    return Explained(
+        f"{where} takes no {old!r} since TRL 0.13: the trainer's settings moved into its {config} (this machine has "
+        f"{renames.library_release('trl')})",
+        f"set it in the config: args = {config}(..., {old}=...), and pass {where}(..., args=args)",
+    )
+
+
+@row(SCRIPT, "a from_pretrained keyword transformers 5 removed",
+      "TypeError: LlamaForCausalLM.__init__() got an unexpected keyword argument 'load_in_4bit'", _UNEXPECTED, "load")
+def _renamed_loading_keyword(match: re.Match[str], error: BaseException) -> Explained | None:
+    from pytest_trainer import renames
+
+    where, old = match.group(1), match.group(2)
+    change = renames.LOADING.get(old)
+    if not isinstance(error, TypeError) or change is None or _arguments_class(where) or where.endswith("Trainer"):
+        return None
+    return Explained(
+        f"from_pretrained passed {old!r} on to {where}, which does not take it: "
+        f"{change.told('from_pretrained')} (this machine has {renames.library_release('transformers')})",
+        change.fix("from_pretrained(...)"),
+    )
+
+
+@row(SCRIPT, "a name transformers 5 or TRL 1.x no longer exports",
+      "ImportError: cannot import name 'DataCollatorForCompletionOnlyLM' from 'trl'",
+      r"cannot import name '(\w+)' from '([\w.]+)'", "load")
+def _removed_import(match: re.Match[str], error: BaseException) -> Explained | None:
+    from pytest_trainer import renames
+
+    name, module = match.group(1), match.group(2)
+    change = renames.IMPORTS.get(name)
+    if change is None or not isinstance(error, ImportError):
+        return None
+    library = module.split(".")[0]
+    return Explained(
+        f"{module} has no {name!r} since {change.release} (this machine has {renames.library_release(library)})",
+        change.new if change.new.startswith("from ") or not change.renamed else f"import {change.new} instead",
+    )
+
+
+@row(SCRIPT, "a TRL trainer given plain TrainingArguments",
+      "AttributeError: 'TrainingArguments' object has no attribute 'model_init_kwargs'",
+      r"'(TrainingArguments|\w+Config)' object has no attribute '(\w+)'", "load")
+def _trl_arguments(match: re.Match[str], error: BaseException) -> Explained | None:
+    given = match.group(1)
+    trainer = _local_of_type(error, "self", lambda value: type(value).__name__.endswith("Trainer"))
+    if trainer is None or not _raised_in(error, "/trl/"):
+        return None
+    name = type(trainer).__name__
+    wanted = name.replace("Trainer", "Config")
+    if given == wanted:
+        return None
+    return Explained(
+        f"{name} was given a {given}, which has no {match.group(2)!r}: each TRL trainer reads its own config's "
+        f"settings, and {name} takes a {wanted}",
+        f"args = {wanted}(output_dir=..., ...) with the same settings (it is a TrainingArguments too), and pass "
+        f"{name}(..., args=args)",
+    )
+
+
+# ---- what the script rows read from the traceback ---------------------------------------------------------------
+
+
+def _is_module(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.nn.Module)
+
+
+def _raised_in(error: BaseException, part: str) -> bool:
+    """Whether the error passed through code whose file path holds `part`."""
+    trace = error.__traceback__
+    while trace is not None:
+        if part in trace.tb_frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        trace = trace.tb_next
+    return False
+
+
+def _local_of_type(error: BaseException, name: str, accept: Callable[[Any], bool], innermost: bool = False) -> Any:
+    """A frame's local `name` that `accept` takes along the error's traceback: the outermost, or the innermost."""
+    found = None
+    trace: types.TracebackType | None = error.__traceback__
+    while trace is not None:
+        value = trace.tb_frame.f_locals.get(name)
+        if value is not None and accept(value):
+            if not innermost:
+                return value
+            found = value
+        trace = trace.tb_next
+    return found
+
+
+def linear_module_names(model: Any) -> list[str]:
+    """The distinct last names of a model's linear layers (GPT-2's Conv1D included): what LoRA can target."""
+    import torch
+
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if name and (isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D")
+    }
+    return sorted(names)
+
+
+def _usual_targets(family: str | None) -> list[str] | None:
+    try:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as usual
+    except ImportError:
+        return None
+    found = usual.get(family) if family else None
+    return list(found) if found else None
