@@ -2,7 +2,7 @@
 
 A block between `<!-- generated: NAME -->` and `<!-- end generated -->` in a Markdown page of the repository holds the
 table NAME makes from its registry: `options` from `pytest_trainer.options.OPTIONS`, `errors` from the explanation
-table, `layers` from `tests/test_layers.py`. Only those blocks are written; `tests/test_docs.py` fails when one is
+table, `layers` from `tests/unit/test_layers.py`. Only those blocks are written; `tests/e2e/test_docs.py` fails when one is
 stale, so a change to a registry comes with its page.
 """
 
@@ -53,7 +53,7 @@ def errors_table() -> str:
 
 
 def layers_table() -> str:
-    spec = importlib.util.spec_from_file_location("layers_test", ROOT / "tests" / "test_layers.py")
+    spec = importlib.util.spec_from_file_location("layers_test", ROOT / "tests" / "unit" / "test_layers.py")
     assert spec is not None and spec.loader is not None
     layers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(layers)

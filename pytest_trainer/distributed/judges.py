@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import pickle
 import re
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,38 +42,63 @@ PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|communica
 def stopped(pipeline: Pipeline, ranks: Ranks, job: Job) -> None:
     """Raise the reason the job did not finish: different data, an error, a hang or a death (in that order)."""
     __tracebackhide__ = True
+    failure = why_stopped(ranks, job.processes, lambda error: pipeline_rows.explain(error, pipeline))
+    if failure is not None:
+        raise failure
+
+
+def why_stopped(ranks: Ranks, processes: int,
+                explain: Callable[[BaseException], diagnosis.PipelineFailure | None] | None = None,
+                ) -> diagnosis.TrainerError | None:
+    """The reason a job of `processes` ranks did not finish, from what they recorded: different data, an error, a
+    hang or a death (in that order); None where it finished. `explain` names the cause of a rank's exception from
+    the pipeline's facts (None where it cannot)."""
     data = different_data(ranks)
     errors = ranks.errors()
     own = [(rank, error) for rank, error in errors if not PEER_LOST.search(error["message"])]
     if own:
-        failure = _error(pipeline, *own[0], [rank for rank, _ in errors if rank != own[0][0]])
-        raise _with(failure, data)
+        failure = _error(explain, *own[0], [rank for rank, _ in errors if rank != own[0][0]])
+        return _with(failure, data)
     if ranks.timed_out:
-        raise _with(_hang(ranks, job), data)
+        return _with(_hang(ranks, processes), data)
     unfinished = [record for record in ranks.records if record.get("progress") != "done" and not record.get("error")]
     if unfinished or ranks.returncode:
-        record = unfinished[0] if unfinished else ranks.records[0]
+        record = died_first(unfinished, ranks.exits) if unfinished else ranks.records[0]
         failure = diagnosis.PipelineFailure(
-            f"rank {record['rank']} of {job.processes} died while {record.get('progress', 'starting')} "
+            f"rank {record['rank']} of {processes} died while {record.get('progress', 'starting')} "
             f"(torchrun exited with {ranks.returncode})",
             "a process killed from outside is most often out of memory: give each rank less (a smaller "
             "per_device_train_batch_size) or fewer processes (--trainer-processes)",
             ["torchrun's last lines:", *(f"  | {line}" for line in ranks.output)],
         )
-        raise _with(failure, data)
+        return _with(failure, data)
     if data is not None:
-        raise data
+        return data
     alone = [record["rank"] for record in ranks.records
-             if (record.get("engine") or {}).get("world_size") != job.processes]
+             if (record.get("engine") or {}).get("world_size") != processes]
     if alone:
         engine = ranks.records[alone[0]].get("engine") or {}
-        raise diagnosis.PipelineFailure(
-            f"the Trainer of rank {alone[0]} saw world_size={engine.get('world_size')}, not {job.processes}: each "
+        return diagnosis.PipelineFailure(
+            f"the Trainer of rank {alone[0]} saw world_size={engine.get('world_size')}, not {processes}: each "
             "process trained alone, so nothing of several processes was exercised",
             "let the TrainingArguments read the process group torch.distributed.run sets up (do not set "
             "local_rank or use_cpu against it); on the CPU this needs ACCELERATE_USE_CPU=true, which pytest-trainer "
             "sets",
         )
+    return None
+
+
+def died_first(unfinished: list[dict[str, Any]], exits: dict[int, int]) -> dict[str, Any]:
+    """Of the ranks that stopped without recording an error, the record of the one that died first.
+
+    Once a rank dies, torchrun stops the others with SIGTERM, and a rank stopped that way before it noticed its peer
+    was gone (busy elsewhere than in a collective, as on a loaded machine) records no error either: so the ranks
+    torchrun stopped itself are not the cause (`exits`: how torchrun says each rank ended, -15 for its SIGTERM), and
+    of the others the one torchrun observed failing first is."""
+    stopped = {rank for rank, code in exits.items() if code == -signal.SIGTERM}
+    dead = [record for record in unfinished if record["rank"] not in stopped] or unfinished
+    order = list(exits)
+    return min(dead, key=lambda record: order.index(record["rank"]) if record["rank"] in order else len(order))
 
 
 def different_data(ranks: Ranks) -> diagnosis.PipelineFailure | None:
@@ -117,7 +143,7 @@ def findings(pipeline: Pipeline, ranks: Ranks, job: Job) -> list[str]:
     records = ranks.records
     notes: list[str] = []
     checks: list[Callable[[], object]] = [
-        lambda: same_rows(records, pipeline),
+        lambda: same_rows(records),
         lambda: same_weights(records),
         lambda: notes.extend(evaluation(pipeline, records)),
         lambda: written_once(records),
@@ -128,7 +154,7 @@ def findings(pipeline: Pipeline, ranks: Ranks, job: Job) -> list[str]:
     return notes
 
 
-def same_rows(records: list[dict[str, Any]], pipeline: Pipeline) -> None:
+def same_rows(records: list[dict[str, Any]]) -> None:
     """Fail when every rank trained on rank 0's rows at every micro-batch: the data is not split between them."""
     steps = [record.get("rows") or [] for record in records]
     if len(steps) < 2 or not steps[0] or any(len(rows) != len(steps[0]) for rows in steps):
@@ -280,7 +306,8 @@ def sharded(records: list[dict[str, Any]]) -> list[str]:
             f"{', '.join(found['layers'])}, sharded save, full reload)"]
 
 
-def _error(pipeline: Pipeline, rank: int, error: dict[str, Any], others: list[int]) -> diagnosis.TrainerError:
+def _error(explain: Callable[[BaseException], diagnosis.PipelineFailure | None] | None, rank: int,
+           error: dict[str, Any], others: list[int]) -> diagnosis.TrainerError:
     also = f" (ranks {', '.join(map(str, others))} stopped too)" if others else ""
     original = _unpickled(error)
     if not error.get("user"):
@@ -289,7 +316,7 @@ def _error(pipeline: Pipeline, rank: int, error: dict[str, Any], others: list[in
         cause, _, rest = error["rendered"].partition("\n  fix: ")
         fix, *details = rest.split("\n")
         return diagnosis.PipelineFailure(f"rank {rank}: {cause}{also}", fix, details)
-    explained = pipeline_rows.explain(original, pipeline) if original is not None else None
+    explained = explain(original) if original is not None and explain is not None else None
     if explained is None:
         part = error.get("part") or "the script under torch.distributed"
         explained = diagnosis.raised_by(original or RuntimeError(error["message"]), part)
@@ -320,7 +347,7 @@ def _unpickled(error: dict[str, Any]) -> BaseException | None:
     return found if isinstance(found, BaseException) else None
 
 
-def _hang(ranks: Ranks, job: Job) -> diagnosis.PipelineFailure:
+def _hang(ranks: Ranks, processes: int) -> diagnosis.PipelineFailure:
     """Name the rank that hung: the one stopped in the user's own code, else the one that got least far."""
     records = ranks.records
     where = {record["rank"]: record.get("progress", "not started") for record in records}
@@ -335,7 +362,7 @@ def _hang(ranks: Ranks, job: Job) -> diagnosis.PipelineFailure:
         if other != rank and frames[other]:
             details.append(f"rank {other} waits in {frames[other][0]}")
     return diagnosis.PipelineFailure(
-        f"rank {rank} of {job.processes} hung while {where.get(rank)}: the job did not finish within "
+        f"rank {rank} of {processes} hung while {where.get(rank)}: the job did not finish within "
         f"{ranks.seconds:.0f} s; in a real run the other ranks wait for it until the process group times out "
         "(30 minutes by default)",
         f"look for what makes the ranks disagree: {HANG_CAUSES}",

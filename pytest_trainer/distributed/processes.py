@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,11 @@ from typing import Any
 
 #: Lines of torchrun's output kept for a failure's details.
 TAIL = 25
+#: A rank of the table of failures torchrun prints as it exits: `rank : 1 (local_rank: 1)`, then
+#: `exitcode : -9 (pid: 123)` (a signal as its negative number).
+FAILED_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+#: The heading of the failure torchrun observed first.
+ROOT_CAUSE = "Root Cause (first observed failure)"
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class Ranks:
     seconds: float
     output: list[str] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
+    #: How each rank that torchrun saw fail ended (`exits`), the failure it observed first first.
+    exits: dict[int, int] = field(default_factory=dict)
 
     def errors(self) -> list[tuple[int, dict[str, Any]]]:
         return [(record["rank"], record["error"]) for record in self.records if record.get("error")]
@@ -92,7 +100,20 @@ def run(job: Job, timeout: float) -> Ranks:
     records = [_read(job.folder / f"rank-{rank}.json", rank) for rank in range(job.processes)]
     stacks = stacks or {}
     return Ranks(records, None if timed_out else process.returncode, timed_out, time.monotonic() - started,
-                 [line for line in lines if line.strip()][-TAIL:], stacks)
+                 [line for line in lines if line.strip()][-TAIL:], stacks, exits(lines))
+
+
+def exits(lines: list[str]) -> dict[int, int]:
+    """Each rank's exit code in the table of failures torchrun prints when a rank fails, the failure it observed first
+    first: a rank that died by a signal has its negative number (-9 killed, -15 stopped by torchrun itself once
+    another rank had failed), one that raised exits with 1. Empty where torchrun printed no table (a job that
+    finished, or one stopped on time out)."""
+    text = "\n".join(lines)
+    start = text.rfind(ROOT_CAUSE)
+    root = FAILED_RANK.findall(text[start:]) if start >= 0 else []
+    table = text[:start] if start >= 0 else text
+    others = FAILED_RANK.findall(table[table.rfind("Failures:"):]) if "Failures:" in table else []
+    return {int(rank): int(code) for rank, code in [*root, *others]}
 
 
 def _environment(device: str) -> dict[str, str]:

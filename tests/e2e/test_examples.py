@@ -10,7 +10,7 @@ from conftest import ITEMS, failures, outcomes
 
 from pytest_trainer import devices
 
-EXAMPLES = Path(__file__).parent.parent / "conftest_examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "conftest_examples"
 #: Where CUDA is missing the cuda items skip; on a GPU machine they run.
 CUDA_MISSING = devices.unavailable_reason("cuda") is not None
 #: Without a GPU the memory forecast has no budget, and the default suite skips it (no --trainer-gpu-memory here).
@@ -23,6 +23,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.mark.slow  # the pretrained MiniLM
 @pytest.mark.usefixtures("offline")
 def test_mnli_example_on_pretrained_minilm(pytester: pytest.Pytester) -> None:
     shutil.copytree(EXAMPLES / "mnli", pytester.path / "mnli")
@@ -47,6 +48,7 @@ def test_mnli_example_on_pretrained_minilm(pytester: pytest.Pytester) -> None:
     assert not (pytester.path / "mnli-minilm").exists()
 
 
+@pytest.mark.slow  # the pretrained MiniLM
 @pytest.mark.usefixtures("offline")
 def test_advice_on_the_learning_rate_of_a_pretrained_model_is_a_fine_tuning_rate(pytester: pytest.Pytester) -> None:
     shutil.copytree(EXAMPLES / "mnli", pytester.path / "mnli")

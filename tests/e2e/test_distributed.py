@@ -14,6 +14,9 @@ import textwrap
 import pytest
 from conftest import outcomes, write
 
+#: Every test here runs a job of several processes (45 to 85 s each on 2 cores).
+pytestmark = pytest.mark.slow
+
 #: A correct classifier: 10 training rows on 2 ranks of 4 (padded to 12), 7 eval rows, a metric, a callback that
 #: writes on the main process only.
 GOOD = """
@@ -336,10 +339,10 @@ PLANTED_BUG = """
     if "LOCAL_RANK" in os.environ:  # the ranks, not pytest nor torchrun
         import pytest_trainer.families
 
-        def of(trainer):
+        def family_of(trainer):
             raise AttributeError("planted bug")
 
-        pytest_trainer.families.of = of
+        pytest_trainer.families.family_of = family_of
 """
 
 

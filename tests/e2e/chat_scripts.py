@@ -1,4 +1,4 @@
-"""Helpers for tests/test_asked.py: `chat.py`, tiny chat models with Llama-3, Qwen and Gemma style templates."""
+"""Helpers for tests/e2e/test_asked.py: `chat.py`, tiny chat models with Llama-3, Qwen and Gemma style templates."""
 
 #: A module the chat scripts import: word-level tokenizers on tiny's vocabulary with each family's special tokens and
 #: chat template ({% generation %} around the assistant's answer and its end of turn), and a tiny Llama whose

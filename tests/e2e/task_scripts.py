@@ -1,4 +1,4 @@
-"""Helpers for tests/test_tasks.py: `lm.py`, a tiny causal LM and its tokenizer, written beside the TRL scripts."""
+"""Helpers for tests/e2e/test_tasks.py: `lm.py`, a tiny causal LM and its tokenizer, written beside the TRL scripts."""
 
 #: A module the TRL scripts import: a Llama built from a config on tiny's vocabulary, and a tokenizer without
 #: the [CLS]/[SEP] template (TRL adds the special tokens it needs itself).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "pytest_trainer"
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_trainer"
 
 #: Top to bottom. A module may import its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -139,7 +139,7 @@ def problems(package: Path, layers: tuple[tuple[str, ...], ...]) -> list[str]:
     found_modules = modules(package)
     known = set(found_modules)
     graph = {name: imports(name, path, known) for name, path in found_modules.items()}
-    found = [f"{name} has no layer in tests/test_layers.py" for name in graph if layer_of(name, layers) is None]
+    found = [f"{name} has no layer in tests/unit/test_layers.py" for name in graph if layer_of(name, layers) is None]
     for name, targets in sorted(graph.items()):
         own = layer_of(name, layers)
         for target in sorted(targets):
@@ -169,7 +169,7 @@ def test_every_layer_names_modules_that_exist() -> None:
     ({"low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import high\n", "high.py": ""},
      ["pkg.low imports pkg.high, of a higher layer"]),
     ({"low.py": "", "high.py": "from pkg.low import x\n", "stray.py": ""},
-     ["pkg.stray has no layer in tests/test_layers.py"]),
+     ["pkg.stray has no layer in tests/unit/test_layers.py"]),
     ({"low.py": "", "high.py": "from pkg import low\n"}, []),
 ])
 def test_the_check_finds_upward_imports_circles_and_unplaced_modules(
@@ -194,3 +194,20 @@ def test_loading_the_plugin_and_its_plan_imports_nothing_heavy() -> None:
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=PACKAGE.parent)
     assert found.stdout.strip() == "[]", found.stdout + found.stderr
+
+
+HEAVY = ("torch", "transformers", "datasets", "accelerate", "trl", "peft")
+
+
+def test_the_unit_tests_import_no_heavy_library() -> None:
+    """Every module of tests/unit, imported in a fresh interpreter, leaves torch and the libraries built on it out:
+    the unit tests run in seconds because nothing they reach imports them."""
+    import subprocess
+    import sys
+
+    unit = Path(__file__).resolve().parent
+    names = sorted(path.stem for path in unit.glob("test_*.py"))
+    script = (f"import sys; sys.path.insert(0, {str(unit)!r}); import {', '.join(names)}; "
+              f"print(' '.join(name for name in {HEAVY!r} if name in sys.modules))")
+    imported = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert imported.strip() == "", f"tests/unit imports {imported.strip()}"

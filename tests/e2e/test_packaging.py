@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pytest_trainer"
 EXAMPLES = ROOT / "conftest_examples"
 UNREACHABLE = ("No matching distribution found", "Could not find a version", "NewConnectionError",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import failures
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -72,6 +72,7 @@ def test_each_marker_example_runs_as_written_on_a_bundled_example(pytester: pyte
     assert outcomes["passed"] == expected
 
 
+@pytest.mark.slow  # the pretrained MiniLM
 def test_the_readme_try_it_command_runs_as_written(pytester: pytest.Pytester,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -23,7 +23,7 @@ from trl import SFTConfig, SFTTrainer  # noqa: F401
 
 # The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "conftest_examples" / "vlm_sft"
+EXAMPLE = Path(__file__).resolve().parents[2] / "conftest_examples" / "vlm_sft"
 
 #: TRL refuses an assistant-only loss on images before transformers 5.18 (it raises at the trainer's build).
 ASSISTANT_ONLY = pytest.mark.skipif(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import ITEMS
 
 from pytest_trainer import plan
 from pytest_trainer.devices import DEVICES
@@ -20,6 +19,11 @@ from pytest_trainer.settings import Settings
 from pytest_trainer.stages import registry
 
 EVERY_STAGE = (*STAGES, *OPT_IN)
+
+
+#: Every item of a script on one device, in the order the plugin runs them.
+ITEMS = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "save", "eval", "precision", "memory",
+         "labels", "lengths", "padding")
 
 
 def ranks(steps: list[Step]) -> list[int]:

@@ -17,7 +17,7 @@ import pytest
 from pytest_trainer.report import html
 from pytest_trainer.report.summary import ItemRecord, PipelineReport
 
-EXAMPLES = Path(__file__).parent.parent / "conftest_examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "conftest_examples"
 CPU = ("--trainer-devices=cpu", "-p", "no:cacheprovider")
 
 
@@ -86,6 +86,7 @@ def _report(path: Path) -> dict[tuple[str, str], dict]:
     return {(item["script"], item["stage"]): item for item in json.loads(path.read_text())["items"]}
 
 
+@pytest.mark.slow  # the pretrained MiniLM
 @pytest.mark.usefixtures("offline")
 def test_classification_rows_show_their_class_and_a_failure_its_cause_and_fix(pytester: pytest.Pytester) -> None:
     shutil.copytree(EXAMPLES / "mnli", pytester.path / "mnli")
