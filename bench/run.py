@@ -141,8 +141,9 @@ def commands(root: Path) -> list[Command]:
     return found
 
 
-def stage_times(cwd: Path, env: dict[str, str], log: Path, script: Path = MNLI / "train.py"
-                ) -> tuple[float, list[tuple[str, float]]]:
+def stage_times(
+    cwd: Path, env: dict[str, str], log: Path, script: Path = MNLI / "train.py"
+) -> tuple[float, list[tuple[str, float]]]:
     """One more run of a suite with --durations: its wall time and each item's time (setup, call and teardown
     together), longest first."""
     command = Command("suite with --durations", [*suite(script), "--durations=0", "--durations-min=0"])
@@ -156,11 +157,20 @@ def stage_times(cwd: Path, env: dict[str, str], log: Path, script: Path = MNLI /
 
 
 def profile_rows(wall: float, times: list[tuple[str, float]]) -> list[str]:
-    rows = [f"| `{item}` | {seconds:.2f} |" + (" runs the script up to `trainer.train()` first, as a dry run does |"
-                                               if item.startswith("dataset") else " |") for item, seconds in times]
+    rows = [
+        f"| `{item}` | {seconds:.2f} |"
+        + (
+            " runs the script up to `trainer.train()` first, as a dry run does |"
+            if item.startswith("dataset")
+            else " |"
+        )
+        for item, seconds in times
+    ]
     rest = wall - sum(seconds for _, seconds in times)
-    rows.append(f"| startup, collection, report and exit | {rest:.2f} | pytest and its plugins (hypothesis's "
-                "among them) start before any item |")
+    rows.append(
+        f"| startup, collection, report and exit | {rest:.2f} | pytest and its plugins (hypothesis's "
+        "among them) start before any item |"
+    )
     return rows
 
 
@@ -171,8 +181,10 @@ def example_rows(medians: dict[str, Sample]) -> list[str]:
         top, bottom = (SUITE, DRY) if script == MNLI / "train.py" else (f"suite: {kind}", f"dry run: {kind}")
         a, b = medians[top], medians[bottom]
         verdict = "met" if a.wall_s / b.wall_s <= EXAMPLE_TARGET else "missed"
-        rows.append(f"| {kind} | `{script.parent.name}` | {a.wall_s:.2f} | {b.wall_s:.2f} | {a.wall_s / b.wall_s:.2f} "
-                    f"{verdict} | {a.rss_mib:.0f} | {b.rss_mib:.0f} | {a.rss_mib / b.rss_mib:.2f} |")
+        rows.append(
+            f"| {kind} | `{script.parent.name}` | {a.wall_s:.2f} | {b.wall_s:.2f} | {a.wall_s / b.wall_s:.2f} "
+            f"{verdict} | {a.rss_mib:.0f} | {b.rss_mib:.0f} | {a.rss_mib / b.rss_mib:.2f} |"
+        )
     return rows
 
 
@@ -183,10 +195,13 @@ def example_profile_rows(profiles: dict[str, tuple[float, list[tuple[str, float]
     for kind, (wall, times) in profiles.items():
         load = sum(seconds for item, seconds in times if item.startswith("load"))
         stages = sum(seconds for item, seconds in times if not item.startswith("load"))
-        top = ", ".join(f"{item} {seconds:.2f}" for item, seconds in times if not item.startswith("load")
-                        and seconds >= 0.05)[:160]
-        rows.append(f"| `{EXAMPLES[kind].parent.name}` | {wall:.2f} | {load:.2f} | {stages:.2f} | "
-                    f"{wall - load - stages:.2f} | {top or '-'} |")
+        top = ", ".join(
+            f"{item} {seconds:.2f}" for item, seconds in times if not item.startswith("load") and seconds >= 0.05
+        )[:160]
+        rows.append(
+            f"| `{EXAMPLES[kind].parent.name}` | {wall:.2f} | {load:.2f} | {stages:.2f} | "
+            f"{wall - load - stages:.2f} | {top or '-'} |"
+        )
     return rows
 
 
@@ -213,9 +228,14 @@ def value(sample: Sample, metric: str) -> float:
     return sample.wall_s if metric == "wall" else sample.rss_mib
 
 
-def report(medians: dict[str, Sample], walls: dict[str, list[float]], cmds: list[Command], runs: int,
-           profile: tuple[float, list[tuple[str, float]]],
-           profiles: dict[str, tuple[float, list[tuple[str, float]]]]) -> str:
+def report(
+    medians: dict[str, Sample],
+    walls: dict[str, list[float]],
+    cmds: list[Command],
+    runs: int,
+    profile: tuple[float, list[tuple[str, float]]],
+    profiles: dict[str, tuple[float, list[tuple[str, float]]]],
+) -> str:
     """RESULTS.md: context, the medians, and each ratio against its target."""
     rows = [
         f"| {name} | {s.wall_s:.2f} | {min(walls[name]):.2f}-{max(walls[name]):.2f} | {s.rss_mib:.0f} |"

@@ -2,8 +2,8 @@
 
 A block between `<!-- generated: NAME -->` and `<!-- end generated -->` in a Markdown page of the repository holds the
 table NAME makes from its registry: `options` from `pytest_trainer.options.OPTIONS`, `errors` from the explanation
-table, `layers` from `tests/unit/test_layers.py`. Only those blocks are written; `tests/e2e/test_docs.py` fails when one is
-stale, so a change to a registry comes with its page.
+table, `layers` from `tests/unit/test_layers.py`. Only those blocks are written; `tests/e2e/test_docs.py` fails when
+one is stale, so a change to a registry comes with its page.
 """
 
 from __future__ import annotations
@@ -38,8 +38,12 @@ def options_table() -> str:
     for option in OPTIONS:
         flag = option.flag if option.switch else f"{option.flag}={option.metavar}"
         repeated = " (repeatable)" if option.repeated else ""
-        key = f"`{option.key}`" + (" (one a line)" if option.ini == "paths" else " (true/false)"
-                                   if option.ini == "bool" else "") if option.ini else ""
+        key = (
+            f"`{option.key}`"
+            + (" (one a line)" if option.ini == "paths" else " (true/false)" if option.ini == "bool" else "")
+            if option.ini
+            else ""
+        )
         rows.append(f"| `{flag}`{repeated} | {key} | {_cell(option.help)} |")
     return "\n".join(rows) + "\n"
 

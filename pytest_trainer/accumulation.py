@@ -57,8 +57,10 @@ def compare(trainer: Any, model: Any, batch: dict[str, Any]) -> Comparison | Non
     if on is None or on.type != torch.device(trainer.args.device).type:
         return None  # training_step moves the inputs to the Trainer's device: only the item on it can compare
     micro = min(steps, rows)
-    parts = [dict(zip(batch, values, strict=True))
-             for values in zip(*(torch.tensor_split(value, micro) for value in batch.values()), strict=True)]
+    parts = [
+        dict(zip(batch, values, strict=True))
+        for values in zip(*(torch.tensor_split(value, micro) for value in batch.values()), strict=True)
+    ]
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     with _kept_gradients(trainable), _without_dropout(model), _accumulating(trainer), torch.random.fork_rng(devices=[]):
         whole_loss, whole = _accumulated(trainer, model, trainable, [batch])
@@ -71,14 +73,18 @@ def compare(trainer: Any, model: Any, batch: dict[str, Any]) -> Comparison | Non
     if whole is None or split is None:
         return None
     reference = float(whole.dot(whole))
-    if reference == 0 or not math.isfinite(reference) or not math.isfinite(whole_loss) or whole_loss == 0 or \
-            not math.isfinite(split_loss):
+    if (
+        reference == 0
+        or not math.isfinite(reference)
+        or not math.isfinite(whole_loss)
+        or whole_loss == 0
+        or not math.isfinite(split_loss)
+    ):
         return None  # a micro-batch with nothing to score (no pair, no label) tells nothing about the scaling
     return Comparison(rows, micro, float(split.dot(whole)) / reference, split_loss / whole_loss)
 
 
-def _accumulated(trainer: Any, model: Any, trainable: list[Any], batches: list[dict[str, Any]]
-                 ) -> tuple[float, Any]:
+def _accumulated(trainer: Any, model: Any, trainable: list[Any], batches: list[dict[str, Any]]) -> tuple[float, Any]:
     """The logged loss (the sum of training_step's returns) and the accumulated gradients of `batches`."""
     import torch
 
@@ -138,14 +144,22 @@ def finding(trainer: Any, model: Any, found: Comparison) -> diagnosis.Finding | 
     if 1 / TOLERANCE <= ratio <= TOLERANCE:
         return None
     steps = int(trainer.args.gradient_accumulation_steps)
-    measured = (f"with gradient_accumulation_steps={steps}, the {found.rows} rows of one batch taken as {found.micro} "
-                f"accumulated micro-batches get gradients {ratio:.1f}x (and a logged loss {found.loss_ratio:.1f}x) "
-                "those of the same rows at accumulation 1")
+    measured = (
+        f"with gradient_accumulation_steps={steps}, the {found.rows} rows of one batch taken as {found.micro} "
+        f"accumulated micro-batches get gradients {ratio:.1f}x (and a logged loss {found.loss_ratio:.1f}x) "
+        "those of the same rows at accumulation 1"
+    )
     owner = next(cls for cls in type(trainer).__mro__ if "compute_loss" in vars(cls))
     own = owner.__module__.split(".")[0] not in ("transformers", "trl")  # else the library's own compute_loss
     accepts = bool(getattr(trainer, "model_accepts_loss_kwargs", False))
-    details = [f"in training that is {steps}x: the logged loss is {steps}x the real one, max_grad_norm clips "
-               f"{steps}x larger gradients, and with SGD it is a {steps}x larger learning rate"] if ratio > 1 else []
+    details = (
+        [
+            f"in training that is {steps}x: the logged loss is {steps}x the real one, max_grad_norm clips "
+            f"{steps}x larger gradients, and with SGD it is a {steps}x larger learning rate"
+        ]
+        if ratio > 1
+        else []
+    )
     if ratio > 1 and accepts and own:
         name = f"{owner.__name__}.compute_loss"
         return diagnosis.Finding(
@@ -173,4 +187,3 @@ def finding(trainer: Any, model: Any, found: Comparison) -> diagnosis.Finding | 
         "num_items_in_batch, not both",
         details,
     )
-

@@ -79,11 +79,15 @@ def _pretrained_vocabulary(model: Any) -> int | None:
 
 
 #: PEFT's task_type for each kind of label whose head PEFT then trains and saves (its modules_to_save).
-PEFT_TASK_TYPES = {"class": "SEQ_CLS", "float": "SEQ_CLS", "multi-hot": "SEQ_CLS", "token class": "TOKEN_CLS",
-                   "positions": "QUESTION_ANS"}
+PEFT_TASK_TYPES = {
+    "class": "SEQ_CLS",
+    "float": "SEQ_CLS",
+    "multi-hot": "SEQ_CLS",
+    "token class": "TOKEN_CLS",
+    "positions": "QUESTION_ANS",
+}
 #: Module names PEFT wraps itself under those task types (peft's PeftModelForSequenceClassification and kin).
-PEFT_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
-              "QUESTION_ANS": ("qa_outputs",)}
+PEFT_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"), "QUESTION_ANS": ("qa_outputs",)}
 #: Infixes PEFT puts into a wrapped module's parameter names; the checkpoint names the module without them.
 _PEFT_INFIXES = (".base_layer", ".original_module")
 
@@ -104,9 +108,13 @@ def frozen_new_heads(model: Any) -> tuple[list[str], str] | None:
     if backbone is None or config is None or not hasattr(base, "named_children"):
         return None
     output = _output_embeddings(base)
-    heads = [(name, child) for name, child in base.named_children()
-             if child is not backbone and list(child.parameters())
-             and not (output is not None and any(module is output for module in child.modules()))]
+    heads = [
+        (name, child)
+        for name, child in base.named_children()
+        if child is not backbone
+        and list(child.parameters())
+        and not (output is not None and any(module is output for module in child.modules()))
+    ]
     frozen = [(name, child) for name, child in heads if not any(p.requires_grad for p in child.parameters())]
     if not frozen:
         return None
@@ -116,8 +124,11 @@ def frozen_new_heads(model: Any) -> tuple[list[str], str] | None:
     keys = checkpoint_keys(source)
     if keys is None:
         return None
-    new = [name for name, child in frozen if not any(_in_checkpoint(f"{name}.{inner}", keys)
-                                                     for inner, _ in child.named_parameters())]
+    new = [
+        name
+        for name, child in frozen
+        if not any(_in_checkpoint(f"{name}.{inner}", keys) for inner, _ in child.named_parameters())
+    ]
     return (new, f"its weights are not in the checkpoint {source!r}") if new else None
 
 
@@ -179,6 +190,5 @@ def frozen_head_fix(model: Any, heads: list[str], labels: str) -> str:
     given = str(getattr(getattr(config, "task_type", None), "value", getattr(config, "task_type", None)) or "")
     kind = type(config).__name__
     if task_type and given != task_type and all(name in PEFT_HEADS[task_type] for name in heads):
-        return (f'{kind}(..., task_type="{task_type}"), which trains and saves the head, or '
-                f"{kind}(..., {saved})")
+        return f'{kind}(..., task_type="{task_type}"), which trains and saves the head, or {kind}(..., {saved})'
     return f"{kind}(..., {saved}), so that PEFT trains and saves a copy of it"

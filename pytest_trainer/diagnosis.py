@@ -134,14 +134,21 @@ def raised_by(error: BaseException, part: str) -> PipelineFailure:
 
 
 def labels_beyond_head(
-    low: int, high: int, width: int, where: str = "", auto_class: str = "AutoModelForSequenceClassification",
+    low: int,
+    high: int,
+    width: int,
+    where: str = "",
+    auto_class: str = "AutoModelForSequenceClassification",
     built_from: str | None = None,
 ) -> PipelineFailure:
     """Class ids beyond the head; the fix builds the model as the script does: `from_pretrained`, or from the
     config class `built_from` (a model trained from scratch)."""
     classes = high + 1
-    example = (f"{built_from}(..., num_labels={classes})" if built_from
-               else f"{auto_class}.from_pretrained(..., num_labels={classes})")
+    example = (
+        f"{built_from}(..., num_labels={classes})"
+        if built_from
+        else f"{auto_class}.from_pretrained(..., num_labels={classes})"
+    )
     return PipelineFailure(
         f"labels range {low}..{high} ({classes} classes) but the model has {width} outputs{where}",
         f"pass num_labels={classes} when building the model, e.g. {example}",
@@ -190,8 +197,9 @@ def no_matching_columns(split: str, columns: Sequence[str], taken: Sequence[str]
     )
 
 
-def unnamed_inputs(model: str, parameters: Sequence[str], dropped: Sequence[str],
-                   columns: Sequence[str] = ()) -> PipelineFailure:
+def unnamed_inputs(
+    model: str, parameters: Sequence[str], dropped: Sequence[str], columns: Sequence[str] = ()
+) -> PipelineFailure:
     """A forward(**inputs) names no input: the Trainer keeps only the columns a forward names, and the labels.
     `columns` are the split's columns as stored (the fix names them all), `dropped` those the Trainer dropped."""
     return PipelineFailure(

@@ -27,10 +27,16 @@ if TYPE_CHECKING:
 #: The columns the library's collators read as the label, the first one found.
 LABEL_COLUMNS = ("label", "labels", "score", "scores")
 #: Losses that take the other rows of a batch as negatives (the sentence-transformers documentation's list).
-IN_BATCH_NEGATIVES = ("MultipleNegativesRankingLoss", "CachedMultipleNegativesRankingLoss",
-                      "MultipleNegativesSymmetricRankingLoss", "CachedMultipleNegativesSymmetricRankingLoss",
-                      "MegaBatchMarginLoss", "GISTEmbedLoss", "CachedGISTEmbedLoss",
-                      "SparseMultipleNegativesRankingLoss")
+IN_BATCH_NEGATIVES = (
+    "MultipleNegativesRankingLoss",
+    "CachedMultipleNegativesRankingLoss",
+    "MultipleNegativesSymmetricRankingLoss",
+    "CachedMultipleNegativesSymmetricRankingLoss",
+    "MegaBatchMarginLoss",
+    "GISTEmbedLoss",
+    "CachedGISTEmbedLoss",
+    "SparseMultipleNegativesRankingLoss",
+)
 #: A batch whose rows share a text with another row of it, in at least this share of the epoch's rows, is a failure
 #: under an in-batch-negatives loss; fewer are a note.
 DUPLICATE_SHARE = 0.1
@@ -57,13 +63,15 @@ LOSSES: dict[str, Expects] = {
     "TripletLoss": Expects(3, exact=True),
     "CoSENTLoss": Expects(2, exact=True, label="score"),
     "AnglELoss": Expects(2, exact=True, label="score"),
-    "CosineSimilarityLoss": Expects(2, exact=True, label="similarity",
-                                    why="it regresses the cosine similarity of the two embeddings onto the label"),
+    "CosineSimilarityLoss": Expects(
+        2, exact=True, label="similarity", why="it regresses the cosine similarity of the two embeddings onto the label"
+    ),
     "ContrastiveLoss": Expects(2, exact=True, label="binary", why="1 marks a similar pair, 0 a dissimilar one"),
     "OnlineContrastiveLoss": Expects(2, exact=True, label="binary", why="1 marks a similar pair, 0 a dissimilar one"),
     "SoftmaxLoss": Expects(2, exact=True, label="class", why="its classifier has num_labels outputs"),
-    "BinaryCrossEntropyLoss": Expects(2, exact=True, label="probability",
-                                      why="binary cross-entropy takes targets between 0 and 1"),
+    "BinaryCrossEntropyLoss": Expects(
+        2, exact=True, label="probability", why="binary cross-entropy takes targets between 0 and 1"
+    ),
     "CrossEntropyLoss": Expects(2, exact=True, label="class", why="the cross-encoder has num_labels outputs"),
 }
 
@@ -155,8 +163,10 @@ def _allowed(loss: Any, expects: Expects) -> tuple[float, float]:
 
 def _range_fix(expects: Expects, label: str, low: float, high: float, top: float) -> str:
     if expects.label in ("probability", "similarity"):
-        return (f"scale {label!r} into range: dataset.map(lambda row: {{{label!r}: (row[{label!r}] - {low:g}) / "
-                f"{high - low:g}}}) maps {low:g}..{high:g} onto 0..1")
+        return (
+            f"scale {label!r} into range: dataset.map(lambda row: {{{label!r}: (row[{label!r}] - {low:g}) / "
+            f"{high - low:g}}}) maps {low:g}..{high:g} onto 0..1"
+        )
     if expects.label == "class":
         return f"build the loss with num_labels={int(high) + 1} (it has {int(top) + 1}), or remap the class ids"
     return f"make {label!r} 1 for similar pairs and 0 for the others"
@@ -191,8 +201,10 @@ def check_duplicates(trainer: Trainer, split: Any) -> tuple[str | None, diagnosi
     if not touched:
         return None, None
     name = type(loss).__name__
-    said = (f"{touched} of {rows} training rows share a text with another row of their batch ({name} takes each "
-            "other row of a batch as a negative)")
+    said = (
+        f"{touched} of {rows} training rows share a text with another row of their batch ({name} takes each "
+        "other row of a batch as a negative)"
+    )
     if touched / max(rows, 1) < DUPLICATE_SHARE:
         return said, None
     return said, diagnosis.Finding(
@@ -263,9 +275,10 @@ def check_padded(trainer: Trainer, split: Any) -> str:
         f"the {what} of {item!r} changes by {gap:.3g} (relative) when it is encoded beside a longer text and so "
         f"padded: the model reads the padding, so a text's {what} depends on the batch it is in"
         + (" (its tokenizer pads on the left, which shifts the positions of every padded text)" if left else ""),
-        "pad on the right: model.tokenizer.padding_side = 'right'" if left else
-        "pool over the real tokens only, with features['attention_mask'] (as sentence-transformers' Pooling module "
-        "does), in every module after the transformer",
+        "pad on the right: model.tokenizer.padding_side = 'right'"
+        if left
+        else "pool over the real tokens only, with features['attention_mask'] (as sentence-transformers' Pooling "
+        "module does), in every module after the transformer",
     )
 
 
@@ -273,6 +286,9 @@ def _encoded(model: Any, items: list[Any], pairs: bool) -> Any:
     import torch
 
     if pairs:
-        return torch.as_tensor(model.predict(items, batch_size=len(items), convert_to_tensor=True)).float().reshape(
-            len(items), -1)
+        return (
+            torch.as_tensor(model.predict(items, batch_size=len(items), convert_to_tensor=True))
+            .float()
+            .reshape(len(items), -1)
+        )
     return model.encode(items, batch_size=len(items), convert_to_tensor=True).float()

@@ -62,8 +62,10 @@ class Family:
 
     def loss(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The Trainer's own loss (its compute_loss, subclasses included) and the model's outputs."""
-        with diagnosis.pipeline_part("the model's forward (through the Trainer's compute_loss)"), \
-                trainer.compute_loss_context_manager():
+        with (
+            diagnosis.pipeline_part("the model's forward (through the Trainer's compute_loss)"),
+            trainer.compute_loss_context_manager(),
+        ):
             result = trainer.compute_loss(model, dict(batch), return_outputs=True)
         loss, outputs = result if isinstance(result, tuple) else (result, None)
         return loss, outputs
@@ -100,8 +102,9 @@ class Family:
         """Keyword arguments the trainer's evaluation passes to its prediction step."""
         return {}
 
-    def predict(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any], device: str,
-                generate: bool = True) -> tuple[Any, Any, Any]:
+    def predict(
+        self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any], device: str, generate: bool = True
+    ) -> tuple[Any, Any, Any]:
         """(loss, logits, labels) of the trainer's own prediction step on a batch on `device`, as its evaluation takes
         it (with `generate`, the generation settings of its evaluation too)."""
         settings = self.prediction_settings(trainer) if generate else {}
@@ -122,8 +125,10 @@ class Seq2Seq(Family):
         args = trainer.args
         if not getattr(args, "predict_with_generate", False) or hasattr(trainer, "_gen_kwargs"):
             return {}
-        settings = {"max_length": getattr(args, "generation_max_length", None),
-                    "num_beams": getattr(args, "generation_num_beams", None)}
+        settings = {
+            "max_length": getattr(args, "generation_max_length", None),
+            "num_beams": getattr(args, "generation_num_beams", None),
+        }
         return {name: value for name, value in settings.items() if value is not None}
 
 
@@ -138,8 +143,10 @@ class SFT(Family):
         logits, and asking its compute_loss for them (return_outputs=True) is deprecated."""
         import torch
 
-        with diagnosis.pipeline_part("the model's forward (through the Trainer's compute_loss)"), \
-                trainer.compute_loss_context_manager():
+        with (
+            diagnosis.pipeline_part("the model's forward (through the Trainer's compute_loss)"),
+            trainer.compute_loss_context_manager(),
+        ):
             loss: torch.Tensor = trainer.compute_loss(model, dict(batch))  # type: ignore[assignment]
             with torch.no_grad():
                 outputs = model(**{key: value for key, value in batch.items() if key != "labels"}, use_cache=False)
@@ -152,12 +159,23 @@ class Preference(Family):
     trainers = ("DPOTrainer", "RewardTrainer", "KTOTrainer", "ORPOTrainer", "CPOTrainer")
     name = "preference trainer"
     builds_own_batches = "preference pairs are tokenized and padded by the trainer itself, as chosen and rejected"
-    unsplittable = ("a pair's chosen and rejected answers may sit in rows far apart (LLaMA-Factory and ms-swift "
-                    "stack all chosen rows above all rejected ones), so cutting the batch by rows would break pairs")
+    unsplittable = (
+        "a pair's chosen and rejected answers may sit in rows far apart (LLaMA-Factory and ms-swift "
+        "stack all chosen rows above all rejected ones), so cutting the batch by rows would break pairs"
+    )
     #: The token-id columns those trainers tokenize into (TRL's names across its versions).
-    token_columns = ("prompt_ids", "chosen_ids", "rejected_ids", "completion_ids", "prompt_input_ids",
-                     "chosen_input_ids", "rejected_input_ids", "completion_input_ids", "input_ids_chosen",
-                     "input_ids_rejected")
+    token_columns = (
+        "prompt_ids",
+        "chosen_ids",
+        "rejected_ids",
+        "completion_ids",
+        "prompt_input_ids",
+        "chosen_input_ids",
+        "rejected_input_ids",
+        "completion_input_ids",
+        "input_ids_chosen",
+        "input_ids_rejected",
+    )
 
     def task(self, model: Any) -> tasks.Task:
         main = getattr(model_facts.base_model(model), "main_input_name", "input_ids")
@@ -184,8 +202,8 @@ def logged_preferences(trainer: Any) -> dict[str, float]:
     figures: dict[str, float] = {}
     for store in ("_metrics", "_stored_metrics"):
         logged = getattr(trainer, store, None)
-        for metrics in (logged.values() if isinstance(logged, dict) else ()):
-            for name, values in (metrics.items() if isinstance(metrics, dict) else ()):
+        for metrics in logged.values() if isinstance(logged, dict) else ():
+            for name, values in metrics.items() if isinstance(metrics, dict) else ():
                 if name.split("/")[0] in ("logps", "rewards") and isinstance(values, list) and values:
                     figures[name.replace("/", "_")] = float(values[-1])
     return figures
@@ -200,8 +218,20 @@ class Online(Family):
     builds_own_batches = "online RL samples its completions and scores them with its reward functions"
     judged_as = "negative log-likelihood of the completions with a positive advantage"
     #: The stages that check these trainers; the others skip with the reason.
-    covered = ("load", "dataset", "collate", "targets", "forward", "backward", "step", "overfit", "precision", "labels",
-               "lengths", "padding")
+    covered = (
+        "load",
+        "dataset",
+        "collate",
+        "targets",
+        "forward",
+        "backward",
+        "step",
+        "overfit",
+        "precision",
+        "labels",
+        "lengths",
+        "padding",
+    )
     #: The stages that step on the batch's gradient, which is zero where every advantage is.
     stepping = ("backward", "step", "overfit")
 
@@ -211,8 +241,12 @@ class Online(Family):
     def task(self, model: Any) -> tasks.Task:
         main = getattr(model_facts.base_model(model), "main_input_name", "input_ids")
         sequence = main if main in tasks.TOKEN_INPUTS else None
-        return tasks.Task("online RL (prompts, sampled completions, rewards)", tasks.REWARD, sequence,
-                          more_token_columns=("prompt_ids", "completion_ids"))
+        return tasks.Task(
+            "online RL (prompts, sampled completions, rewards)",
+            tasks.REWARD,
+            sequence,
+            more_token_columns=("prompt_ids", "completion_ids"),
+        )
 
     def draw(self, trainer: Trainer) -> dict[str, Any]:
         """The trainer's first generation batch: prompts drawn, completions sampled and scored, with a fixed seed."""

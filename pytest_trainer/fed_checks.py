@@ -31,15 +31,20 @@ def check_split(pipeline: Pipeline, split: FedSplit, *also: Callable[[], None]) 
     are reported together once every check ran.
     """
     table = fed_table(pipeline, split)
-    diagnosis.findings_last([
-        lambda: check_inputs(pipeline, split, table),
-        lambda: check_finite(split.description, table, split.row),
-        lambda: check_finite(split.description, split.whole),
-        lambda: check_labels(pipeline, split),
-        lambda: check_tokens(pipeline, split),
-        *(functools.partial(check, pipeline, split) for check in task_checks.FOR_TASK.get(pipeline.task.labels, ())),
-        *also,
-    ])
+    diagnosis.findings_last(
+        [
+            lambda: check_inputs(pipeline, split, table),
+            lambda: check_finite(split.description, table, split.row),
+            lambda: check_finite(split.description, split.whole),
+            lambda: check_labels(pipeline, split),
+            lambda: check_tokens(pipeline, split),
+            *(
+                functools.partial(check, pipeline, split)
+                for check in task_checks.FOR_TASK.get(pipeline.task.labels, ())
+            ),
+            *also,
+        ]
+    )
     return table
 
 
@@ -62,8 +67,9 @@ def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
             raise diagnosis.untokenized(split.description, text, model_input) from error
         named = model_facts.unnamed_inputs(pipeline.model)
         if named is not None:
-            raise diagnosis.unnamed_inputs(type(model_facts.base_model(pipeline.model)).__name__, named,
-                                           raw.column_names) from error
+            raise diagnosis.unnamed_inputs(
+                type(model_facts.base_model(pipeline.model)).__name__, named, raw.column_names
+            ) from error
         signature = fed_data.signature_columns(pipeline.trainer)
         taken = [name for name in signature if name not in ("args", "kwargs")]
         raise diagnosis.no_matching_columns(split.description, raw.column_names, taken) from error
@@ -165,8 +171,14 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
                 f"a multiple-choice label is the index of the right choice, 0..{width - 1}: check the label column "
                 "and how the choices were built",
             )
-        raise diagnosis.labels_beyond_head(int(used.min()), int(used.max()), width, where, task.auto_class,
-                                           model_facts.built_from_config(pipeline.model))
+        raise diagnosis.labels_beyond_head(
+            int(used.min()),
+            int(used.max()),
+            width,
+            where,
+            task.auto_class,
+            model_facts.built_from_config(pipeline.model),
+        )
     negative = np.flatnonzero((values < 0) & (values != IGNORE_INDEX))
     if negative.size:
         index = int(negative[0])
@@ -184,8 +196,11 @@ def _choices(table: pa.Table, column: str | None) -> int | None:
 def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
     """Token ids are rows of the input embedding, and sequences fit the model's positions."""
     table, task, description = split.table, pipeline.task, split.description
-    columns = [name for name in table.column_names
-               if name in task.token_columns and tables.is_numeric(table.schema.field(name).type)]
+    columns = [
+        name
+        for name in table.column_names
+        if name in task.token_columns and tables.is_numeric(table.schema.field(name).type)
+    ]
     rows = model_facts.vocabulary_rows(pipeline.model)
     for column in columns:
         values, row_of = tables.flatten(table, column)
@@ -201,15 +216,20 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
     counts = tables.row_lengths(table, task.sequence)
     if counts.size and counts.max() > limit:
         index = int(np.argmax(counts > limit))
-        raise diagnosis.sequence_too_long(int(counts[index]), limit,
-                                          f" in row {split.row(index)} of the {description} dataset")
+        raise diagnosis.sequence_too_long(
+            int(counts[index]), limit, f" in row {split.row(index)} of the {description} dataset"
+        )
 
 
 def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
     """A classifier trained on one class only learns to predict that class."""
     column = pipeline.label_column(split.table)
-    if pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS) or pipeline.task.classes is None \
-            or column is None or split.table.num_rows < 2:
+    if (
+        pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS)
+        or pipeline.task.classes is None
+        or column is None
+        or split.table.num_rows < 2
+    ):
         return
     values, _ = tables.flatten(split.column(column)[0], column)
     used = np.unique(values[values != IGNORE_INDEX])

@@ -49,8 +49,9 @@ STORED_TEXT = ("messages", "prompt", "completion", "tools", "chat_template_kwarg
 class FedSplit:
     """One split (training, or an evaluation split) as the Trainer's dataloader feeds it."""
 
-    def __init__(self, trainer: Trainer, description: str, key: str | None, dataset: Any, rows: int,
-                 keeps_columns: bool = False) -> None:
+    def __init__(
+        self, trainer: Trainer, description: str, key: str | None, dataset: Any, rows: int, keeps_columns: bool = False
+    ) -> None:
         self.trainer = trainer
         #: Whether the trainer feeds every column (it removes none, whatever remove_unused_columns says).
         self.keeps_columns = keeps_columns
@@ -110,7 +111,7 @@ class FedSplit:
             columns: dict[str, list[Any]] = {}
             for start in range(0, len(self._read), TRANSFORM_BATCH):
                 with diagnosis.pipeline_part(f"the {self.description} dataset's transform"):
-                    batch = dataset[self._read[start:start + TRANSFORM_BATCH]]
+                    batch = dataset[self._read[start : start + TRANSFORM_BATCH]]
                 for name, values in batch.items():
                     columns.setdefault(name, []).extend(values)
             table, self.opaque = tables.from_columns(columns)
@@ -226,8 +227,9 @@ class FedSplit:
             candidates = [name] if name in values else []
             candidates += [other for other in stored_names if other != name and other not in passed.values()]
             source = next((other for other in candidates if values[other] == fed), None)
-            if source is not None and pa.types.is_boolean(table.schema.field(name).type) == \
-                    pa.types.is_boolean(stored.schema.field(source).type):
+            if source is not None and pa.types.is_boolean(table.schema.field(name).type) == pa.types.is_boolean(
+                stored.schema.field(source).type
+            ):
                 passed[name] = source
         return passed
 
@@ -284,21 +286,31 @@ def signature_columns(trainer: Any) -> list[str]:
 
 def splits(trainer: Trainer, rows: int, keeps_columns: bool = False) -> list[FedSplit]:
     """The training split and every evaluation split, as fed (`keeps_columns`: by a trainer that removes none)."""
-    found = [FedSplit(trainer, "training", None, trainer.train_dataset, rows, keeps_columns)] \
-        if trainer.train_dataset is not None else []
+    found = (
+        [FedSplit(trainer, "training", None, trainer.train_dataset, rows, keeps_columns)]
+        if trainer.train_dataset is not None
+        else []
+    )
     evaluation = trainer.eval_dataset
     if isinstance(evaluation, dict):
-        found += [FedSplit(trainer, f"evaluation {name!r}", name, split, rows, keeps_columns)
-                  for name, split in evaluation.items()]
+        found += [
+            FedSplit(trainer, f"evaluation {name!r}", name, split, rows, keeps_columns)
+            for name, split in evaluation.items()
+        ]
     elif evaluation is not None:
         found.append(FedSplit(trainer, "evaluation", None, evaluation, rows, keeps_columns))
     return found
 
 
 #: What torch and the tokenizers say when a collator meets samples of different lengths that nothing padded.
-UNEQUAL_LENGTHS = ("stack expects each tensor to be equal size", "expected sequence of length",
-                   "Unable to create tensor", "must be of equal size", "too many dimensions",
-                   "does not have a padding token")
+UNEQUAL_LENGTHS = (
+    "stack expects each tensor to be equal size",
+    "expected sequence of length",
+    "Unable to create tensor",
+    "must be of equal size",
+    "too many dimensions",
+    "does not have a padding token",
+)
 
 
 def label_column(trainer: Trainer, table: pa.Table) -> str | None:
@@ -321,8 +333,9 @@ def decoded(trainer: Trainer, token_ids: Any) -> str:
 class Batches:
     """The batches the model is fed: the first one of the train dataloader, and ones collated from chosen samples."""
 
-    def __init__(self, trainer: Trainer, family: Family, training: Callable[[], FedSplit],
-                 label_collator: Callable[[], str]) -> None:
+    def __init__(
+        self, trainer: Trainer, family: Family, training: Callable[[], FedSplit], label_collator: Callable[[], str]
+    ) -> None:
         self.trainer, self.family = trainer, family
         self._training = training
         #: The collator that pads this task's per-token labels, named when nothing pads them.
@@ -371,10 +384,11 @@ class Batches:
         size = max(1, int(self.trainer.args.train_batch_size))
         found = []
         for start in range(0, len(indices), size):
-            chosen = indices[start:start + size]
+            chosen = indices[start : start + size]
             samples = self.rows(chosen)
-            found.append((samples, self.collate([dict(sample) for sample in samples], "cpu"),
-                          self._training().stored(chosen)))
+            found.append(
+                (samples, self.collate([dict(sample) for sample in samples], "cpu"), self._training().stored(chosen))
+            )
         return found
 
     def positions(self, rows: int) -> list[int]:
@@ -393,8 +407,10 @@ class Batches:
         table = self._training().table
         first_rows = table.slice(0, max(2, self.trainer.args.train_batch_size))
         for column in first_rows.column_names:
-            if not tables.is_numeric(first_rows.schema.field(column).type) or \
-                    tables.depth(first_rows.schema.field(column).type) == 0:
+            if (
+                not tables.is_numeric(first_rows.schema.field(column).type)
+                or tables.depth(first_rows.schema.field(column).type) == 0
+            ):
                 continue
             counts = tables.row_lengths(first_rows, column)
             if counts.size and np.unique(counts).size > 1:
@@ -418,8 +434,12 @@ def packed(batch: Mapping[str, Any], rows: int) -> str | None:
     ids, positions = batch.get("input_ids"), batch.get("position_ids")
     if torch.is_tensor(ids) and ids.dim() >= 2 and ids.shape[0] < rows:
         return f"it makes {ids.shape[0]} sequence of the {rows} rows it is given"
-    if torch.is_tensor(positions) and positions.dim() == 2 and positions.shape[1] > 1 and \
-            bool(((positions[:, 1:] == 0) & (positions[:, :-1] > 0)).any()):
+    if (
+        torch.is_tensor(positions)
+        and positions.dim() == 2
+        and positions.shape[1] > 1
+        and bool(((positions[:, 1:] == 0) & (positions[:, :-1] > 0)).any())
+    ):
         return "its position_ids restart inside a sequence"
     return None
 

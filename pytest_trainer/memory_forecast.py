@@ -104,8 +104,10 @@ def _training_step(
     device = next((p.device.type for p in model.parameters()), "cpu")
     autocast = torch.autocast(device_type=device, dtype=dtype) if dtype is not None else nullcontext()
     was_training = model.training
-    with fake_weights(model, mode) if mode else nullcontext(), \
-            training.trainer_optimizer(pipeline.trainer, model) as (optimizer, _):
+    with (
+        fake_weights(model, mode) if mode else nullcontext(),
+        training.trainer_optimizer(pipeline.trainer, model) as (optimizer, _),
+    ):
         if mode:
             batch = {key: mode.from_tensor(value) if torch.is_tensor(value) else value for key, value in batch.items()}
         model.train()
@@ -120,17 +122,24 @@ def _training_step(
         parts = {
             "weights": _bytes(model.parameters()),
             "buffers": _bytes(model.buffers()),
-            "optimizer state": _bytes(value for state in optimizer.state.values() for value in state.values()
-                                      if torch.is_tensor(value)),
+            "optimizer state": _bytes(
+                value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)
+            ),
         }
         gradients = _bytes(parameter for parameter in model.parameters() if parameter.requires_grad)
-        others = [value for value in vars(pipeline.trainer).values()  # a reference or reward model beside it
-                  if isinstance(value, torch.nn.Module) and value is not model and not _contains(value, model)]
+        others = [
+            value
+            for value in vars(pipeline.trainer).values()  # a reference or reward model beside it
+            if isinstance(value, torch.nn.Module) and value is not model and not _contains(value, model)
+        ]
         if others:
             own = {id(tensor.untyped_storage()) for tensor in [*model.parameters(), *model.buffers()]}
             parts["other models of the trainer"] = _bytes(
-                tensor for other in others for tensor in [*other.parameters(), *other.buffers()]
-                if id(tensor.untyped_storage()) not in own)
+                tensor
+                for other in others
+                for tensor in [*other.parameters(), *other.buffers()]
+                if id(tensor.untyped_storage()) not in own
+            )
     parts["activations and gradients"] = tracker.peak
     return Forecast(sum(parts.values()), parts, gradients=gradients)
 
@@ -162,8 +171,11 @@ class LiveBytes(TorchDispatchMode):
         from torch.utils import _pytree
 
         out = func(*args, **(kwargs or {}))
-        given = {id(value.untyped_storage()) for value in _pytree.tree_leaves((args, kwargs))
-                 if isinstance(value, torch.Tensor)}
+        given = {
+            id(value.untyped_storage())
+            for value in _pytree.tree_leaves((args, kwargs))
+            if isinstance(value, torch.Tensor)
+        }
         for value in _pytree.tree_leaves(out):
             if isinstance(value, torch.Tensor):
                 storage = value.untyped_storage()
@@ -216,8 +228,9 @@ def eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dict
         return _eval_outputs_per_row(pipeline, model, batch, device, fake=False)
 
 
-def _eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], device: str,
-                          fake: bool) -> int:
+def _eval_outputs_per_row(
+    pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], device: str, fake: bool
+) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -226,8 +239,9 @@ def _eval_outputs_per_row(pipeline: Pipeline, model: torch.nn.Module, batch: dic
     was_training = model.training
     with fake_weights(model, mode) if mode else nullcontext(), mode or nullcontext(), torch.no_grad():
         model.eval()
-        inputs = {key: mode.from_tensor(value) if mode and torch.is_tensor(value) else value
-                  for key, value in batch.items()}
+        inputs = {
+            key: mode.from_tensor(value) if mode and torch.is_tensor(value) else value for key, value in batch.items()
+        }
         try:
             with diagnosis.pipeline_part("the Trainer's prediction step"):
                 _, logits, labels = pipeline.family.predict(trainer, model, inputs, device, generate=False)

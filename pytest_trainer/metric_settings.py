@@ -24,11 +24,33 @@ SPEED = ("runtime", "samples_per_second", "steps_per_second")
 
 #: Words of a metric's name that say which way it improves; a name with words of both, or of neither, is not judged.
 LOWER_IS_BETTER = frozenset({"loss", "perplexity", "ppl", "wer", "cer", "mse", "mae", "rmse", "mape", "error"})
-HIGHER_IS_BETTER = frozenset({
-    "accuracy", "accuracies", "acc", "f1", "precision", "recall", "bleu", "sacrebleu", "rouge1", "rouge2", "rougel",
-    "rougelsum", "auc", "mrr", "ndcg", "map", "spearman", "pearson", "matthews", "correlation", "exact", "chrf",
-    "meteor",
-})
+HIGHER_IS_BETTER = frozenset(
+    {
+        "accuracy",
+        "accuracies",
+        "acc",
+        "f1",
+        "precision",
+        "recall",
+        "bleu",
+        "sacrebleu",
+        "rouge1",
+        "rouge2",
+        "rougel",
+        "rougelsum",
+        "auc",
+        "mrr",
+        "ndcg",
+        "map",
+        "spearman",
+        "pearson",
+        "matthews",
+        "correlation",
+        "exact",
+        "chrf",
+        "meteor",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -80,8 +102,15 @@ def readers(args: Any, callbacks: Sequence[Any]) -> list[str]:
     return found
 
 
-def check(args: Any, callbacks: Sequence[Any], names: set[str], *, splits: Sequence[str] = (),
-          computes_metrics: bool = True, unknown: Sequence[str] = ()) -> str | None:
+def check(
+    args: Any,
+    callbacks: Sequence[Any],
+    names: set[str],
+    *,
+    splits: Sequence[str] = (),
+    computes_metrics: bool = True,
+    unknown: Sequence[str] = (),
+) -> str | None:
     """Raise a failure where a setting reads a metric the evaluation does not return, or reads it the wrong way, or
     waits for an evaluation the run never makes. `names` is what `returned` gave; `splits` the names of a dict of
     evaluation splits; `unknown` the trainer classes that add metrics of their own (their evaluation or log
@@ -95,14 +124,19 @@ def check(args: Any, callbacks: Sequence[Any], names: set[str], *, splits: Seque
         return None
     key = metric if metric.startswith("eval_") else f"eval_{metric}"
     if key not in names and unknown:
-        return (f"metric_for_best_model={metric!r} not held against the metrics: {', '.join(unknown)} "
-                "adds metrics of its own to each evaluation")
+        return (
+            f"metric_for_best_model={metric!r} not held against the metrics: {', '.join(unknown)} "
+            "adds metrics of its own to each evaluation"
+        )
     if key not in names:
         raise diagnosis.PipelineFailure(*_missing(metric, key, names, reading, splits, computes_metrics, args))
     better = direction(key.removeprefix("eval_"))
     if better is not None and reading and bool(args.greater_is_better) != better:
-        default = " (the default for a name that does not end in 'loss')" if args.greater_is_better and \
-            not metric.endswith("loss") else ""
+        default = (
+            " (the default for a name that does not end in 'loss')"
+            if args.greater_is_better and not metric.endswith("loss")
+            else ""
+        )
         raise diagnosis.PipelineFailure(
             f"metric_for_best_model={metric!r} is a metric where {'higher' if better else 'lower'} is better, but "
             f"greater_is_better={bool(args.greater_is_better)}{default}: the best model ({', '.join(reading)}) is the "
@@ -132,27 +166,35 @@ def _check_evaluates(reading: list[str], strategy: str | None) -> None:
         )
 
 
-def _missing(metric: str, key: str, names: set[str], reading: list[str], splits: Sequence[str],
-             computes_metrics: bool, args: Any) -> tuple[str, str, list[str]]:
+def _missing(
+    metric: str, key: str, names: set[str], reading: list[str], splits: Sequence[str], computes_metrics: bool, args: Any
+) -> tuple[str, str, list[str]]:
     shown = sorted(name for name in names if name != "epoch" and not name.endswith(SPEED))
     when = f"every {args.eval_steps:g} steps" if _value(args.eval_strategy) == "steps" else "the end of the first epoch"
     acting = f" ({', '.join(reading)})" if reading else ""
-    cause = (f"metric_for_best_model={metric!r}{acting}: the Trainer reads {key!r} from each evaluation's metrics, "
-             f"which hold {', '.join(shown) or 'no metric'}; the run crashes with a KeyError at its first evaluation "
-             f"({when})")
+    cause = (
+        f"metric_for_best_model={metric!r}{acting}: the Trainer reads {key!r} from each evaluation's metrics, "
+        f"which hold {', '.join(shown) or 'no metric'}; the run crashes with a KeyError at its first evaluation "
+        f"({when})"
+    )
     base = key.removeprefix("eval_")
     split_keys = [f"eval_{split}_{base}" for split in splits if f"eval_{split}_{base}" in names]
     close = difflib.get_close_matches(key, shown, n=1, cutoff=0.6)
     if split_keys:
-        fix = (f"with several evaluation splits each metric is named by its split: metric_for_best_model="
-               f"{split_keys[0]!r}")
+        fix = (
+            f"with several evaluation splits each metric is named by its split: metric_for_best_model={split_keys[0]!r}"
+        )
     elif base == "loss":
-        fix = ("the evaluation computes no loss (its batches have no labels the model reads): give the evaluation "
-               "split labels, or name a metric compute_metrics returns")
+        fix = (
+            "the evaluation computes no loss (its batches have no labels the model reads): give the evaluation "
+            "split labels, or name a metric compute_metrics returns"
+        )
     elif not computes_metrics:
-        fix = (f"pass compute_metrics= a function returning {{{base!r}: ...}}"
-               if not getattr(args, "prediction_loss_only", False) else
-               "drop prediction_loss_only=True: with it the Trainer never calls compute_metrics")
+        fix = (
+            f"pass compute_metrics= a function returning {{{base!r}: ...}}"
+            if not getattr(args, "prediction_loss_only", False)
+            else "drop prediction_loss_only=True: with it the Trainer never calls compute_metrics"
+        )
     elif close:
         fix = f"metric_for_best_model={close[0].removeprefix('eval_')!r}, a metric it returns"
     else:

@@ -76,8 +76,15 @@ def forward_parameters(model: Any) -> set[str]:
 
 
 #: What a tokenizer returns: a forward that names one of them names its inputs.
-TOKENIZER_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds", "pixel_values",
-                    "input_features", "input_values")
+TOKENIZER_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "inputs_embeds",
+    "pixel_values",
+    "input_features",
+    "input_values",
+)
 
 
 def unnamed_inputs(model: Any) -> list[str] | None:
@@ -87,8 +94,9 @@ def unnamed_inputs(model: Any) -> list[str] | None:
         parameters = list(inspect.signature(base_model(model).forward).parameters.values())
     except (TypeError, ValueError):
         return None
-    if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters) \
-            or any(parameter.name in TOKENIZER_INPUTS for parameter in parameters):
+    if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters) or any(
+        parameter.name in TOKENIZER_INPUTS for parameter in parameters
+    ):
         return None
     marks: dict[Any, str] = {inspect.Parameter.VAR_KEYWORD: "**", inspect.Parameter.VAR_POSITIONAL: "*"}
     return [marks.get(parameter.kind, "") + parameter.name for parameter in parameters]

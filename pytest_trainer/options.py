@@ -91,19 +91,24 @@ def _scripts(raw: Raw) -> tuple[Path, ...]:
     paths = [Path(os.path.normpath(raw.base / path)) for path in raw.value]
     for path in paths:
         if path.is_dir():
-            raise pytest.UsageError(f"{raw.source}: {path} is a folder, not a script; give the path of the training "
-                                    "script (a .py file)")
+            raise pytest.UsageError(
+                f"{raw.source}: {path} is a folder, not a script; give the path of the training script (a .py file)"
+            )
         if not path.is_file():
-            raise pytest.UsageError(f"{raw.source}: {path} does not exist{_near_miss(path)}; give the path of the "
-                                    "training script (a .py file)")
+            raise pytest.UsageError(
+                f"{raw.source}: {path} does not exist{_near_miss(path)}; give the path of the "
+                "training script (a .py file)"
+            )
         if path.suffix != ".py":
-            raise pytest.UsageError(f"{raw.source}: {path} is not a Python file; give the path of the training script "
-                                    "(a .py file), which the plugin runs up to trainer.train()")
+            raise pytest.UsageError(
+                f"{raw.source}: {path} is not a Python file; give the path of the training script "
+                "(a .py file), which the plugin runs up to trainer.train()"
+            )
     return tuple(dict.fromkeys(path.resolve() for path in paths))
 
 
 def _near_miss(path: Path) -> str:
-    """", did you mean train.py?" for a script of the same folder whose name is close to the one given."""
+    """ ", did you mean train.py?" for a script of the same folder whose name is close to the one given."""
     import difflib
 
     folder = path.parent
@@ -187,9 +192,7 @@ def parse_choices(raw: str | list[str] | tuple[str, ...], allowed: tuple[str, ..
     chosen = {name.strip() for name in names if name.strip()}
     unknown = sorted(chosen - set(allowed))
     if unknown:
-        raise pytest.UsageError(
-            f"{source}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}"
-        )
+        raise pytest.UsageError(f"{source}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
     return tuple(name for name in allowed if name in chosen)
 
 
@@ -197,45 +200,122 @@ def parse_choices(raw: str | list[str] | tuple[str, ...], allowed: tuple[str, ..
 _STAGE_CHOICES = (LOAD, *STAGES, *OPT_IN)
 
 OPTIONS: tuple[Option, ...] = (
-    Option("module", "training script whose Trainer is tested stage by stage (repeatable). The script runs as "
-           "__main__ and stops where it calls trainer.train().", _scripts, "PATH", ini="paths", repeated=True),
-    Option("args", "command-line arguments given to the script, as one shell-quoted string (its sys.argv[1:]).",
-           _arguments, "ARGS"),
-    Option("factory", "name of a function in the script that returns a Trainer; it is called instead of running "
-           "the script as __main__.", _text, "NAME"),
-    Option("stages", f"comma-separated stages to run (default: all of {', '.join(STAGES)}); the script's {LOAD} "
-           "item always runs first.", _choices(_STAGE_CHOICES), "STAGES"),
-    Option("devices", f"comma-separated devices to run on (default: {', '.join(DEVICES)}, a device this machine lacks "
-           "skipped with the reason); a device named here that this machine lacks is an error.", _devices, "DEVICES"),
-    Option("overfit_steps", "most optimizer steps the overfit stage takes on one batch; it stops as soon as the loss "
-           f"has fallen by a thousandth (default: {defaults.OVERFIT_STEPS}).", _count(), "N"),
-    Option("examples", "hypothesis examples per property item (labels, lengths, padding); derandomized when the CI "
-           f"variable is set (default: {defaults.EXAMPLES}).", _count(), "N"),
-    Option("timeout", "seconds the script may take to build its Trainer, and each stage to run, before it fails as "
-           f"hung (default: {defaults.TIMEOUT:g}; 0 for no limit).", _number("a number of seconds (0 for no limit)"),
-           "SECONDS"),
-    Option("sample", "rows kept of every split that datasets.load_dataset returns to the script, before it maps "
-           f"them (default: {defaults.SAMPLE}; 0 keeps every row).", _count(allow_zero=True), "N"),
-    Option("batch_size", "batch size of the fixed batch the stages use (default: the script's "
-           "per_device_train_batch_size).", _count(), "N"),
-    Option("gpu_memory", "GiB of GPU memory the memory stage forecasts against: a training step or an evaluation "
-           "that needs more fails (default: the memory of the GPU present; without one the forecast is only "
-           "reported).", _number("a number of GiB"), "GIB"),
-    Option("report", "write a JSON report of every pipeline item (outcome, diagnosis, fix, figures) to this path.",
-           _path, "PATH"),
-    Option("html", "write a self-contained HTML report to this path: every pipeline item with its cause and fix, "
-           "the rows of the first batch with the tokens trained on, the overfitting loss curve, the memory forecast "
-           "and the rewards per group (where pytest-html is installed, its --html report shows them too).",
-           _path, "PATH"),
-    Option("baseline", "folder of regression baselines, one text file per script: the first run records the "
-           "pipeline's key figures, later runs fail when one moved (adds the baseline[cpu] item).", _path, "DIR"),
-    Option("processes", "train the script in N processes under torch.distributed.run (DDP on gloo on the CPU, NCCL "
-           "on N GPUs) and check what only several processes break: adds the distributed items (default: 1, which "
-           "adds nothing).", _count(), "N"),
+    Option(
+        "module",
+        "training script whose Trainer is tested stage by stage (repeatable). The script runs as "
+        "__main__ and stops where it calls trainer.train().",
+        _scripts,
+        "PATH",
+        ini="paths",
+        repeated=True,
+    ),
+    Option(
+        "args",
+        "command-line arguments given to the script, as one shell-quoted string (its sys.argv[1:]).",
+        _arguments,
+        "ARGS",
+    ),
+    Option(
+        "factory",
+        "name of a function in the script that returns a Trainer; it is called instead of running "
+        "the script as __main__.",
+        _text,
+        "NAME",
+    ),
+    Option(
+        "stages",
+        f"comma-separated stages to run (default: all of {', '.join(STAGES)}); the script's {LOAD} "
+        "item always runs first.",
+        _choices(_STAGE_CHOICES),
+        "STAGES",
+    ),
+    Option(
+        "devices",
+        f"comma-separated devices to run on (default: {', '.join(DEVICES)}, a device this machine lacks "
+        "skipped with the reason); a device named here that this machine lacks is an error.",
+        _devices,
+        "DEVICES",
+    ),
+    Option(
+        "overfit_steps",
+        "most optimizer steps the overfit stage takes on one batch; it stops as soon as the loss "
+        f"has fallen by a thousandth (default: {defaults.OVERFIT_STEPS}).",
+        _count(),
+        "N",
+    ),
+    Option(
+        "examples",
+        "hypothesis examples per property item (labels, lengths, padding); derandomized when the CI "
+        f"variable is set (default: {defaults.EXAMPLES}).",
+        _count(),
+        "N",
+    ),
+    Option(
+        "timeout",
+        "seconds the script may take to build its Trainer, and each stage to run, before it fails as "
+        f"hung (default: {defaults.TIMEOUT:g}; 0 for no limit).",
+        _number("a number of seconds (0 for no limit)"),
+        "SECONDS",
+    ),
+    Option(
+        "sample",
+        "rows kept of every split that datasets.load_dataset returns to the script, before it maps "
+        f"them (default: {defaults.SAMPLE}; 0 keeps every row).",
+        _count(allow_zero=True),
+        "N",
+    ),
+    Option(
+        "batch_size",
+        "batch size of the fixed batch the stages use (default: the script's per_device_train_batch_size).",
+        _count(),
+        "N",
+    ),
+    Option(
+        "gpu_memory",
+        "GiB of GPU memory the memory stage forecasts against: a training step or an evaluation "
+        "that needs more fails (default: the memory of the GPU present; without one the forecast is only "
+        "reported).",
+        _number("a number of GiB"),
+        "GIB",
+    ),
+    Option(
+        "report",
+        "write a JSON report of every pipeline item (outcome, diagnosis, fix, figures) to this path.",
+        _path,
+        "PATH",
+    ),
+    Option(
+        "html",
+        "write a self-contained HTML report to this path: every pipeline item with its cause and fix, "
+        "the rows of the first batch with the tokens trained on, the overfitting loss curve, the memory forecast "
+        "and the rewards per group (where pytest-html is installed, its --html report shows them too).",
+        _path,
+        "PATH",
+    ),
+    Option(
+        "baseline",
+        "folder of regression baselines, one text file per script: the first run records the "
+        "pipeline's key figures, later runs fail when one moved (adds the baseline[cpu] item).",
+        _path,
+        "DIR",
+    ),
+    Option(
+        "processes",
+        "train the script in N processes under torch.distributed.run (DDP on gloo on the CPU, NCCL "
+        "on N GPUs) and check what only several processes break: adds the distributed items (default: 1, which "
+        "adds nothing).",
+        _count(),
+        "N",
+    ),
     Option("baseline_update", "rewrite the baselines with the figures of this run.", _switch, ini=None, switch=True),
-    Option("baseline_strict", "fail the baseline item of a script that has no baseline yet, instead of recording "
-           "one (for CI, where a baseline recorded on the runner is never committed).", _switch, ini="bool",
-           switch=True),
+    Option(
+        "baseline_strict",
+        "fail the baseline item of a script that has no baseline yet, instead of recording "
+        "one (for CI, where a baseline recorded on the runner is never committed).",
+        _switch,
+        ini="bool",
+        switch=True,
+    ),
 )
 #: Settings named differently from their option.
 _FIELDS = {"module": "modules", "args": "script_args"}

@@ -42,7 +42,7 @@ class Rows:
         return np.diff(self.offsets)
 
     def row(self, index: int) -> np.ndarray:
-        return self.values[self.offsets[index]:self.offsets[index + 1]]
+        return self.values[self.offsets[index] : self.offsets[index + 1]]
 
     @functools.cached_property
     def hashes(self) -> np.ndarray:
@@ -51,7 +51,8 @@ class Rows:
         if not self.values.size:
             return np.zeros(len(lengths), dtype=np.uint64)
         positions = np.arange(self.values.size, dtype=np.uint64) - np.repeat(self.offsets[:-1], lengths).astype(
-            np.uint64)
+            np.uint64
+        )
         with np.errstate(over="ignore"):
             mixed = _finalise((self.values.astype(np.uint64) + np.uint64(1)) * _MULTIPLIER + positions)
             starts = self.offsets[:-1][lengths > 0]
@@ -79,8 +80,9 @@ def fed_rows(split: FedSplit, column: str) -> Rows | None:
     if split.transformed or not isinstance(dataset, datasets.Dataset) or column not in dataset.column_names:
         return None
     array = tables.stored_rows(dataset, None, [column]).column(column).combine_chunks()
-    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) \
-            or not pa.types.is_integer(array.type.value_type):
+    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) or not pa.types.is_integer(
+        array.type.value_type
+    ):
         return None
     offsets = array.offsets.to_numpy()
     values = array.flatten().to_numpy(zero_copy_only=False)
@@ -110,8 +112,11 @@ def between(training: Rows, evaluation: Rows) -> Overlap:
     hashed = evaluation.hashes
     at = np.searchsorted(ordered, hashed).clip(max=len(ordered) - 1)
     candidates = np.flatnonzero((evaluation.lengths > 0) & (ordered[at] == hashed))
-    pairs = [(int(row), int(order[at[row]])) for row in candidates
-             if np.array_equal(evaluation.row(int(row)), training.row(int(order[at[row]])))]
+    pairs = [
+        (int(row), int(order[at[row]]))
+        for row in candidates
+        if np.array_equal(evaluation.row(int(row)), training.row(int(order[at[row]])))
+    ]
     short = sum(1 for row, _ in pairs if evaluation.lengths[row] < SHORT)
     return Overlap(pairs, len(evaluation.lengths), short)
 
@@ -120,8 +125,10 @@ def check(training: FedSplit, train_rows: Rows | None, split: FedSplit, column: 
     """A finding where many rows of the evaluation `split` are training rows; a note for a few, or for the
     training split itself given as the evaluation split; None where there is none or the rows are computed.
     `train_rows` are the training split's (`fed_rows`), read and hashed once for every evaluation split."""
-    same = (f"the {split.description} dataset is the training dataset: its metrics measure how well the model fits "
-            "its training rows, not how it does on rows it has not seen")
+    same = (
+        f"the {split.description} dataset is the training dataset: its metrics measure how well the model fits "
+        "its training rows, not how it does on rows it has not seen"
+    )
     if split.given is training.given:
         return same
     eval_rows = fed_rows(split, column)
@@ -133,12 +140,16 @@ def check(training: FedSplit, train_rows: Rows | None, split: FedSplit, column: 
     if len(found.pairs) == found.rows == len(train_rows.lengths):
         return same  # the same rows, prepared for each split apart (as TRL's trainers do)
     share = len(found.pairs) / max(found.rows, 1)
-    examples = "; ".join(f"{split.description} row {row} = training row {source}"
-                         + _text(decode, eval_rows.row(row)) for row, source in found.pairs[:SHOWN])
+    examples = "; ".join(
+        f"{split.description} row {row} = training row {source}" + _text(decode, eval_rows.row(row))
+        for row, source in found.pairs[:SHOWN]
+    )
     if found.long < 2 or found.long < SHARE * found.rows:
-        return (f"{len(found.pairs)} of the {found.rows} rows of the {split.description} dataset are also training "
-                f"rows ({found.short} of them short, under {SHORT} tokens), e.g. {examples}: too few to sway its "
-                "metrics")
+        return (
+            f"{len(found.pairs)} of the {found.rows} rows of the {split.description} dataset are also training "
+            f"rows ({found.short} of them short, under {SHORT} tokens), e.g. {examples}: too few to sway its "
+            "metrics"
+        )
     raise diagnosis.Finding(
         f"{len(found.pairs)} of the {found.rows} rows of the {split.description} dataset ({share:.0%}) are also "
         f"training rows, token for token as the model is fed them (e.g. {examples}): its metrics, and the best "

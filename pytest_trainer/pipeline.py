@@ -53,8 +53,11 @@ class Pipeline:
         #: Precision settings the script asked for that this machine turned off (bf16 without a GPU, say).
         self.asked_precision: frozenset[str] = frozenset()
         #: Where the Trainer put the model (the GPU, where there is one): a marked test finds it there after a stage.
-        self._home = next((parameter.device for parameter in trainer.model.parameters()), None) \
-            if trainer.model is not None else None
+        self._home = (
+            next((parameter.device for parameter in trainer.model.parameters()), None)
+            if trainer.model is not None
+            else None
+        )
 
     # ---- data, as fed -----------------------------------------------------------------------
 
@@ -145,8 +148,15 @@ class Pipeline:
             if self.family.judged_as == "loss":
                 run = FixedBatchRun(self.trainer, self.loss, model, batch, factor, lambda: self.starting_loss(device))
             else:  # judged by a figure of its own, at the starting weights too
-                run = FixedBatchRun(self.trainer, self.loss, model, batch, factor,
-                                 lambda: checked_loss(training.eval_loss(self.judged, model, batch)[0]), self.judged)
+                run = FixedBatchRun(
+                    self.trainer,
+                    self.loss,
+                    model,
+                    batch,
+                    factor,
+                    lambda: checked_loss(training.eval_loss(self.judged, model, batch)[0]),
+                    self.judged,
+                )
             self._runs[device] = run
         return run
 

@@ -98,8 +98,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     on = options.parse_choices(marker.kwargs.get("devices") or DEVICES, DEVICES, source)
     devices_on = [device for device in on if device in settings.devices]
     steps = [Step(LOAD, devices_on[0])] if LOAD in stages and devices_on else []
-    steps += [step for step in plan([stage for stage in stages if stage in settings.stages], devices_on)
-              if step.stage != LOAD]
+    steps += [
+        step for step in plan([stage for stage in stages if stage in settings.stages], devices_on) if step.stage != LOAD
+    ]
     metafunc.parametrize("_trainer_step", steps, ids=[step.marker_id for step in steps], indirect=True)
 
 
@@ -225,7 +226,8 @@ def trainer(request: pytest.FixtureRequest) -> Trainer:
             pytrace=False,
         )
     pipeline = _pipeline(request)
-    pipeline.end_fixed_batch_runs()  # the script's own items may have left a shared training run: its starting weights back
+    # the script's own items may have left a shared training run: its starting weights back
+    pipeline.end_fixed_batch_runs()
     return pipeline.trainer
 
 

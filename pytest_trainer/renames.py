@@ -2,8 +2,8 @@
 
 Each was read from the libraries' own deprecation messages, migration notes and code, and raised here by building the
 object with the old spelling (transformers 5.24, TRL 1.16). A script that passes one fails while it builds its Trainer
-with a bare `TypeError: X.__init__() got an unexpected keyword argument 'old'` or an ImportError: `explanations.script_rows` turns
-it into the change, the release that made it and the new spelling.
+with a bare `TypeError: X.__init__() got an unexpected keyword argument 'old'` or an ImportError:
+`explanations.script_rows` turns it into the change, the release that made it and the new spelling.
 """
 
 from __future__ import annotations
@@ -46,19 +46,24 @@ T5 = "transformers 5.0"
 ARGUMENTS = _table(
     Change("evaluation_strategy", "eval_strategy", "transformers 4.46"),
     Change("no_cuda", "use_cpu", T5),
-    Change("warmup_ratio", "warmup_steps, which takes the same ratio (a value below 1 is a share of the steps)",
-           "transformers 5"),
+    Change(
+        "warmup_ratio",
+        "warmup_steps, which takes the same ratio (a value below 1 is a share of the steps)",
+        "transformers 5",
+    ),
     Change("logging_dir", "set the TENSORBOARD_LOGGING_DIR environment variable instead", "transformers 5", False),
-    Change("overwrite_output_dir", "the Trainer never read it: drop it (resume_from_checkpoint resumes a run)", T5,
-           False),
+    Change(
+        "overwrite_output_dir", "the Trainer never read it: drop it (resume_from_checkpoint resumes a run)", T5, False
+    ),
     Change("push_to_hub_token", "hub_token", T5),
     Change("push_to_hub_model_id", "hub_model_id", T5),
     Change("push_to_hub_organization", "hub_model_id='organization/name'", T5),
     Change("per_gpu_train_batch_size", "per_device_train_batch_size", T5),
     Change("per_gpu_eval_batch_size", "per_device_eval_batch_size", T5),
     Change("fp16_backend", "mixed precision is torch's own: drop it and keep fp16=True or bf16=True", T5, False),
-    Change("half_precision_backend", "mixed precision is torch's own: drop it and keep fp16=True or bf16=True", T5,
-           False),
+    Change(
+        "half_precision_backend", "mixed precision is torch's own: drop it and keep fp16=True or bf16=True", T5, False
+    ),
     Change("fp16_opt_level", "apex's opt levels are gone: drop it and keep fp16=True", T5, False),
     Change("use_mps_device", "Apple's MPS device is picked by itself: drop it", T5, False),
     Change("tpu_num_cores", "set the TPU_NUM_CORES environment variable instead", T5, False),
@@ -84,8 +89,12 @@ CONFIG_FIELDS = {
         Change("use_liger", "use_liger_kernel", "TRL 0.18"),
     ),
     "DPOConfig": _table(
-        Change("max_prompt_length", "truncate or filter long prompts in the dataset; max_length caps the whole row",
-               "TRL 0.29", False),
+        Change(
+            "max_prompt_length",
+            "truncate or filter long prompts in the dataset; max_length caps the whole row",
+            "TRL 0.29",
+            False,
+        ),
         Change("max_completion_length", "max_length", "TRL 0.29"),
         Change("max_target_length", "max_length", "TRL 0.29"),
         Change("rpo_alpha", "loss_type=['sigmoid', 'sft'] with loss_weights=[1.0, rpo_alpha]", "TRL 0.29"),
@@ -112,12 +121,39 @@ TRAINER_ARGUMENTS = {
 
 #: Settings a TRL trainer once took, that its config now holds: by the trainer's class, the config's class.
 MOVED_TO_CONFIG = {
-    "SFTTrainer": ("SFTConfig", ("max_seq_length", "dataset_text_field", "packing", "dataset_num_proc",
-                                 "dataset_kwargs", "neftune_noise_alpha", "dataset_batch_size", "num_of_sequences",
-                                 "chars_per_token", "infinite", "model_init_kwargs", "eval_packing")),
-    "DPOTrainer": ("DPOConfig", ("beta", "loss_type", "label_smoothing", "max_length", "max_prompt_length",
-                                 "max_target_length", "truncation_mode", "generate_during_eval",
-                                 "precompute_ref_log_probs", "model_init_kwargs", "ref_model_init_kwargs")),
+    "SFTTrainer": (
+        "SFTConfig",
+        (
+            "max_seq_length",
+            "dataset_text_field",
+            "packing",
+            "dataset_num_proc",
+            "dataset_kwargs",
+            "neftune_noise_alpha",
+            "dataset_batch_size",
+            "num_of_sequences",
+            "chars_per_token",
+            "infinite",
+            "model_init_kwargs",
+            "eval_packing",
+        ),
+    ),
+    "DPOTrainer": (
+        "DPOConfig",
+        (
+            "beta",
+            "loss_type",
+            "label_smoothing",
+            "max_length",
+            "max_prompt_length",
+            "max_target_length",
+            "truncation_mode",
+            "generate_during_eval",
+            "precompute_ref_log_probs",
+            "model_init_kwargs",
+            "ref_model_init_kwargs",
+        ),
+    ),
 }
 
 #: Keywords `from_pretrained` passes on to the model's constructor, which no longer takes them.
@@ -131,13 +167,19 @@ LOADING = _table(
 
 #: Names that can no longer be imported, with what to use instead.
 IMPORTS = _table(
-    Change("DataCollatorForCompletionOnlyLM", "SFTTrainer trains on the completion only by itself: split each text "
-           "at its response template into 'prompt' and 'completion' columns (SFTConfig(completion_only_loss=True), "
-           "the default), or train on 'messages' with SFTConfig(assistant_only_loss=True)", "TRL 0.20", False),
+    Change(
+        "DataCollatorForCompletionOnlyLM",
+        "SFTTrainer trains on the completion only by itself: split each text "
+        "at its response template into 'prompt' and 'completion' columns (SFTConfig(completion_only_loss=True), "
+        "the default), or train on 'messages' with SFTConfig(assistant_only_loss=True)",
+        "TRL 0.20",
+        False,
+    ),
     Change("PPOTrainer", "GRPOTrainer or RLOOTrainer, which need no value model", "TRL 0.29", False),
     Change("PPOConfig", "GRPOConfig or RLOOConfig", "TRL 0.29", False),
-    Change("AutoModelForCausalLMWithValueHead", "GRPOTrainer or RLOOTrainer, which need no value head", "TRL 0.29",
-           False),
+    Change(
+        "AutoModelForCausalLMWithValueHead", "GRPOTrainer or RLOOTrainer, which need no value head", "TRL 0.29", False
+    ),
     Change("ORPOTrainer", "from trl.experimental.orpo import ORPOTrainer", "TRL 0.29"),
     Change("ORPOConfig", "from trl.experimental.orpo import ORPOConfig", "TRL 0.29"),
     Change("CPOTrainer", "from trl.experimental.cpo import CPOTrainer", "TRL 0.29"),

@@ -32,13 +32,17 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
     ended = sum(sampled.ended)
     totals = sampled.total()
     spreads = [_spread(group) for group in sampled.groups(totals)]
-    figures.update({
-        "completions": float(count), "completions_ended": float(ended),
-        "truncated_share": (count - ended) / max(count, 1),
-        "mean_completion_length": sum(sampled.lengths) / max(count, 1),
-        "reward_mean": _mean(totals), "groups_with_spread": float(sum(spread > SAME for spread in spreads)),
-        SECONDS_FIGURE: sampled.seconds,
-    })
+    figures.update(
+        {
+            "completions": float(count),
+            "completions_ended": float(ended),
+            "truncated_share": (count - ended) / max(count, 1),
+            "mean_completion_length": sum(sampled.lengths) / max(count, 1),
+            "reward_mean": _mean(totals),
+            "groups_with_spread": float(sum(spread > SAME for spread in spreads)),
+            SECONDS_FIGURE: sampled.seconds,
+        }
+    )
     for index, name in enumerate(sampled.names):
         values = [row[index] for row in sampled.rewards]
         figures[f"reward_{name}_mean"] = _mean(values)
@@ -46,13 +50,16 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
         f"{count} completions of {len(spreads)} prompts ({sampled.group} each); reward spread (max - min) per group: "
         + ", ".join(f"{spread:.3g}" for spread in spreads)
     )
-    notes.append(f"{ended} of {count} completions end within max_completion_length={sampled.max_completion_length} "
-                 f"(mean length {figures['mean_completion_length']:.1f} tokens)")
+    notes.append(
+        f"{ended} of {count} completions end within max_completion_length={sampled.max_completion_length} "
+        f"(mean length {figures['mean_completion_length']:.1f} tokens)"
+    )
     carrying = _carrying(sampled, spreads)
     figures["completions_with_gradient"] = float(carrying)
-    notes.append(f"{carrying} of {count} completions carry a gradient (in a group whose rewards differ"
-                 + (", and ended: mask_truncated_completions=True drops the cut ones)" if sampled.masks_truncated
-                    else ")"))
+    notes.append(
+        f"{carrying} of {count} completions carry a gradient (in a group whose rewards differ"
+        + (", and ended: mask_truncated_completions=True drops the cut ones)" if sampled.masks_truncated else ")")
+    )
     findings: list[diagnosis.Finding] = []  # both are reported: neither hides the other
     if count and not ended:
         _unended(sampled, count, findings, notes)
@@ -70,27 +77,32 @@ def _unended(sampled: Sampled, count: int, findings: list[diagnosis.Finding], no
     """No completion ends within max_completion_length: a failure where it costs the run its signal (the cut ones are
     masked out of the loss) or where the policy has learned to end answers; a note for a policy at a random start,
     which almost never samples its end token at any length."""
-    cut = (f"none of the {count} sampled completions ends within max_completion_length="
-           f"{sampled.max_completion_length}")
+    cut = f"none of the {count} sampled completions ends within max_completion_length={sampled.max_completion_length}"
     share = sampled.entropy_share
     if sampled.masks_truncated:
-        findings.append(diagnosis.Finding(
-            f"{cut}, and mask_truncated_completions=True drops every cut completion from the loss: no completion "
-            "carries a gradient, so the steps train nothing",
-            f"raise max_completion_length (now {sampled.max_completion_length}) so that answers end within it, or "
-            "turn mask_truncated_completions off while the policy still learns to end its answers",
-        ))
+        findings.append(
+            diagnosis.Finding(
+                f"{cut}, and mask_truncated_completions=True drops every cut completion from the loss: no completion "
+                "carries a gradient, so the steps train nothing",
+                f"raise max_completion_length (now {sampled.max_completion_length}) so that answers end within it, or "
+                "turn mask_truncated_completions off while the policy still learns to end its answers",
+            )
+        )
     elif share is not None and share >= UNTRAINED_ENTROPY:
-        notes.append(f"{cut}: the policy samples as a model at its random start does (next-token entropy "
-                     f"{share:.0%} of a uniform choice), which almost never draws its end token; with a pretrained "
-                     "policy this is checked")
+        notes.append(
+            f"{cut}: the policy samples as a model at its random start does (next-token entropy "
+            f"{share:.0%} of a uniform choice), which almost never draws its end token; with a pretrained "
+            "policy this is checked"
+        )
     else:
-        findings.append(diagnosis.Finding(
-            f"{cut}: every one is cut before an end-of-sequence token, so the reward functions never see a finished "
-            "answer",
-            f"raise max_completion_length (now {sampled.max_completion_length}), and check that the model's "
-            "generation_config.eos_token_id is the token the tokenizer ends its answers with",
-        ))
+        findings.append(
+            diagnosis.Finding(
+                f"{cut}: every one is cut before an end-of-sequence token, so the reward functions never see a "
+                "finished answer",
+                f"raise max_completion_length (now {sampled.max_completion_length}), and check that the model's "
+                "generation_config.eos_token_id is the token the tokenizer ends its answers with",
+            )
+        )
 
 
 def _carrying(sampled: Sampled, spreads: list[float]) -> int:
@@ -103,13 +115,15 @@ def _carrying(sampled: Sampled, spreads: list[float]) -> int:
 def picture(sampled: Sampled) -> dict[str, Any]:
     """The rewards of the sampled batch, group by group (one group per prompt), in total and per reward function;
     a reward the trainer left missing (NaN) is None."""
+
     def plain(values: list[float]) -> list[list[float | None]]:
         return [[value if math.isfinite(value) else None for value in group] for group in sampled.groups(values)]
 
     return {
         "total": plain(sampled.total()),
-        "functions": {name: plain([float(row[index]) for row in sampled.rewards])
-                      for index, name in enumerate(sampled.names)},
+        "functions": {
+            name: plain([float(row[index]) for row in sampled.rewards]) for index, name in enumerate(sampled.names)
+        },
         "ended": [bool(ended) for ended in sampled.ended],
     }
 
@@ -137,8 +151,11 @@ def _unread(sampled: Sampled, notes: list[str]) -> diagnosis.Finding | None:
         f"rows ({tried}): the completion is not read, so every advantage is 0 and the policy loss has no gradient "
         "at any step",
         f"score each completion in {_listed(deaf)}: "
-        + ("completions are lists of messages here, so read the text as completion[0]['content']"
-           if sampled.conversational else "completions are strings here")
+        + (
+            "completions are lists of messages here, so read the text as completion[0]['content']"
+            if sampled.conversational
+            else "completions are strings here"
+        )
         + "; return one reward per completion that depends on it",
     )
 
@@ -149,8 +166,10 @@ def _note_deaf(sampled: Sampled, notes: list[str]) -> None:
         index = sampled.names.index(name)
         values = [row[index] for row in sampled.rewards]
         if _spread(values) <= SAME and not _responds(sampled, name):
-            notes.append(f"`{name}` gave every completion and every probe the same reward "
-                                f"({_constant(sampled, name)}): check that it reads the completions")
+            notes.append(
+                f"`{name}` gave every completion and every probe the same reward "
+                f"({_constant(sampled, name)}): check that it reads the completions"
+            )
 
 
 def _responds(sampled: Sampled, name: str) -> str:
@@ -158,15 +177,19 @@ def _responds(sampled: Sampled, name: str) -> str:
     none): a function that reads the completion answers other completions otherwise."""
     function = sampled.functions[name]
     for call in sampled.calls.get(name, []):
-        arguments = {**call.arguments, "log_extra": lambda *args, **kwargs: None,
-                     "log_metric": lambda *args, **kwargs: None}
+        arguments = {
+            **call.arguments,
+            "log_extra": lambda *args, **kwargs: None,
+            "log_metric": lambda *args, **kwargs: None,
+        }
         for what, probe in _probes(sampled, call.arguments):
             try:
                 answer = list(function(**{**arguments, **probe}))
             except Exception:  # a probe the function cannot read tells nothing
                 continue
-            if len(answer) == len(call.answer) and any(not _same(a, b) for a, b in zip(answer, call.answer,
-                                                                                      strict=False)):
+            if len(answer) == len(call.answer) and any(
+                not _same(a, b) for a, b in zip(answer, call.answer, strict=False)
+            ):
                 return what
     return ""
 
@@ -180,8 +203,13 @@ def _probes(sampled: Sampled, arguments: dict[str, Any]) -> list[tuple[str, dict
     texts: list[tuple[str, list[str], Any]] = []
     if count > sampled.group:
         order = [(index + sampled.group) % count for index in range(count)]
-        texts.append(("other prompts' completions", [_text(completions[index]) for index in order],
-                      [ids[index] for index in order] if isinstance(ids, list) and len(ids) == count else ids))
+        texts.append(
+            (
+                "other prompts' completions",
+                [_text(completions[index]) for index in order],
+                [ids[index] for index in order] if isinstance(ids, list) and len(ids) == count else ids,
+            )
+        )
     texts.append(("empty completions", [""] * count, [[] for _ in range(count)]))
     for key, values in arguments.items():
         if key in COMPLETION_ARGUMENTS or key in NOT_DATA or not isinstance(values, list) or len(values) != count:
@@ -193,8 +221,16 @@ def _probes(sampled: Sampled, arguments: dict[str, Any]) -> list[tuple[str, dict
         answers = next((values for what, values, _ in texts if what.startswith("the rows'")), ["42"] * count)
         formatted = ["\n".join(f"<{tag}>\n{answer}\n</{tag}>" for tag in tags) for answer in answers]
         texts.append((f"completions in the prompts' format ({' '.join(f'<{tag}>' for tag in tags)})", formatted, ids))
-    return [(what, {"completions": [_as_completion(text, sampled.conversational) for text in values],
-                    "completion_ids": token_ids}) for what, values, token_ids in texts]
+    return [
+        (
+            what,
+            {
+                "completions": [_as_completion(text, sampled.conversational) for text in values],
+                "completion_ids": token_ids,
+            },
+        )
+        for what, values, token_ids in texts
+    ]
 
 
 def _tags(prompts: list[Any]) -> list[str]:
@@ -211,8 +247,9 @@ def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        return "\n".join(_text(message.get("content", "")) if isinstance(message, dict) else _text(message)
-                         for message in value)
+        return "\n".join(
+            _text(message.get("content", "")) if isinstance(message, dict) else _text(message) for message in value
+        )
     return str(value)
 
 

@@ -86,7 +86,7 @@ class Sampled:
         return totals
 
     def groups(self, values: list[float]) -> list[list[float]]:
-        return [values[start:start + self.group] for start in range(0, len(values), self.group)]
+        return [values[start : start + self.group] for start in range(0, len(values), self.group)]
 
 
 def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
@@ -153,7 +153,7 @@ def entropy_share(model: Any, batch: Any) -> float | None:
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         model.eval()  # the policy's own distribution, without dropout
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, prompt.size(1) - 1:-1].float()
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, prompt.size(1) - 1 : -1].float()
         entropy = -(logits.log_softmax(-1) * logits.softmax(-1)).sum(-1)
         kept = batch["completion_mask"].bool()
         return float(entropy[kept].mean()) / math.log(logits.size(-1)) if kept.any() else None
@@ -200,6 +200,7 @@ def _recorded(trainer: Any, sampled: Sampled) -> Iterator[None]:
             sampled.calls.setdefault(name, []).append(Call(dict(kwargs), answer))
             check_answer(name, answer, len(kwargs.get("completions") or ()))
             return answer
+
         return recorded
 
     def scored(inputs: Any, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]]) -> Any:
@@ -213,8 +214,7 @@ def _recorded(trainer: Any, sampled: Sampled) -> Iterator[None]:
         return rewards
 
     for index, (name, function) in enumerate(zip(sampled.names, functions, strict=False)):
-        plain = callable(function) and not isinstance(function, torch.nn.Module) and \
-            not _is_async(function)
+        plain = callable(function) and not isinstance(function, torch.nn.Module) and not _is_async(function)
         if plain:
             sampled.functions[name] = function
             trainer.reward_funcs[index] = recorder(name, function)
@@ -237,17 +237,23 @@ def check_answer(name: str, answer: Any, expected: int) -> None:
     import math
     import numbers
 
-    fix = (f"return a list with one float per completion from `{name}`, e.g. "
-           "`return [score(completion) for completion in completions]`")
+    fix = (
+        f"return a list with one float per completion from `{name}`, e.g. "
+        "`return [score(completion) for completion in completions]`"
+    )
     if isinstance(answer, (str, bytes)) or not hasattr(answer, "__len__"):
         raise diagnosis.PipelineFailure(
             f"the reward function `{name}` returns {type(answer).__name__} {answer!r:.60}, not a list with one reward "
-            f"for each of the {expected} completions", fix)
+            f"for each of the {expected} completions",
+            fix,
+        )
     values = list(answer)
     if len(values) != expected:
         raise diagnosis.PipelineFailure(
             f"the reward function `{name}` returns {len(values)} rewards for {expected} completions: the trainer "
-            "needs one per completion (it is called with every completion of the batch at once)", fix)
+            "needs one per completion (it is called with every completion of the batch at once)",
+            fix,
+        )
     for index, value in enumerate(values):
         number = value.item() if hasattr(value, "item") and getattr(value, "ndim", 0) == 0 else value
         if number is None:
@@ -255,12 +261,15 @@ def check_answer(name: str, answer: Any, expected: int) -> None:
         if not isinstance(number, numbers.Real):
             raise diagnosis.PipelineFailure(
                 f"the reward function `{name}` returns {type(value).__name__} {value!r:.60} for completion {index}, "
-                "not a number", fix)
+                "not a number",
+                fix,
+            )
         if not math.isfinite(float(number)):
             raise diagnosis.PipelineFailure(
                 f"the reward function `{name}` returns {float(number)} for completion {index}: a non-finite reward "
                 "turns the advantages of its whole group into NaN",
-                f"make `{name}` return a finite float for every completion (return None where it does not apply)")
+                f"make `{name}` return a finite float for every completion (return None where it does not apply)",
+            )
 
 
 #: What a function that takes a string for a list of messages, or the other way round, raises.

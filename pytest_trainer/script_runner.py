@@ -115,7 +115,8 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
     """Run `script` (or call its `factory`) and return its Trainer, contained by `sandbox`."""
     if not script.is_file():
         raise ScriptError(
-            script, f"{script} does not exist",
+            script,
+            f"{script} does not exist",
             "check the path: a marker's module= is taken from the test file's folder, else from the rootdir",
         )
     capture = _Capture(user_files.UserFolders(script, sandbox.output_dir))
@@ -149,8 +150,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             raise ScriptError(
                 script,
                 f"import failed: {error}",
-                f"install the missing package in the test environment ({error.name or 'see below'}) "
-                "or fix the import",
+                f"install the missing package in the test environment ({error.name or 'see below'}) or fix the import",
                 _script_frame(script, error),
             ) from error
         except Exception as error:
@@ -164,13 +164,21 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         raise ScriptError(
             script,
             "the script finished without building a transformers.Trainer",
-            "build a Trainer at the top level or in a main() under `if __name__ == \"__main__\":`, "
+            'build a Trainer at the top level or in a main() under `if __name__ == "__main__":`, '
             "or name a function that returns one with --trainer-factory=NAME",
         )
     for name in STOP_METHODS:
         trainer.__dict__.pop(name, None)
-    return LoadedScript(trainer, tuple(capture.sampled), tuple(capture.precision), frozenset(capture.asked),
-                        tuple(capture.unexercised), capture.fsdp, capture.folders, tuple(capture.said))
+    return LoadedScript(
+        trainer,
+        tuple(capture.sampled),
+        tuple(capture.precision),
+        frozenset(capture.asked),
+        tuple(capture.unexercised),
+        capture.fsdp,
+        capture.folders,
+        tuple(capture.said),
+    )
 
 
 #: The libraries whose logged warnings are kept: their root loggers (transformers' does not propagate to the root).
@@ -319,8 +327,10 @@ def _raised(script: Path, error: Exception) -> ScriptError:
     if library is None:
         fix = f"fix the script at the line above, so that `python {script.name}` gets as far as trainer.train()"
     else:
-        fix = (f"the message comes from {library}, called by the script's line above while it built its objects: "
-               "change what that line passes, as the message says")
+        fix = (
+            f"the message comes from {library}, called by the script's line above while it built its objects: "
+            "change what that line passes, as the message says"
+        )
     found = ScriptError(script, f"{type(error).__name__}: {message}", fix, where)
     found.unexplained = True  # counted in the report, so that the table of explained errors can grow
     return found
@@ -346,8 +356,9 @@ def _exit_error(script: Path, exit: SystemExit, last_lines: list[str], given: li
     else:
         fix = "let the script reach trainer.train() without exiting, or use --trainer-factory=NAME"
     return ScriptError(
-        script, f"the script exited (sys.exit with code {exit.code!r}) before building a Trainer;"
-        f" its last output:\n{output}", fix
+        script,
+        f"the script exited (sys.exit with code {exit.code!r}) before building a Trainer; its last output:\n{output}",
+        fix,
     )
 
 
@@ -381,8 +392,10 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
             capture.fsdp = fsdp
         sandbox_arguments(self, sandbox)
         capture.asked.update(asked)
-        line = (f"the script asks for {', '.join(f'{name}=True' for name in asked)}; this machine has no GPU, so "
-                "the items run in fp32 and the precision stage checks the script's own precision")
+        line = (
+            f"the script asks for {', '.join(f'{name}=True' for name in asked)}; this machine has no GPU, so "
+            "the items run in fp32 and the precision stage checks the script's own precision"
+        )
         if asked and line not in capture.precision:
             capture.precision.append(line)
 
@@ -410,14 +423,13 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
 
     stops = {name: stopping(getattr(Trainer, name)) for name in STOP_METHODS}
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(TrainingArguments, "__post_init__",
-                                              functools.wraps(original_post_init)(post_init)))
+        stack.enter_context(
+            mock.patch.object(TrainingArguments, "__post_init__", functools.wraps(original_post_init)(post_init))
+        )
         stack.enter_context(mock.patch.object(Trainer, "__init__", init))
         for name in STOP_METHODS:
             stack.enter_context(mock.patch.object(Trainer, name, stops[name]))
         yield
-
-
 
 
 def precision_for_this_machine(args: Any) -> list[str]:
@@ -445,13 +457,20 @@ def engines_for_this_machine(args: Any) -> str | None:
 
     if not getattr(args, "use_vllm", False):
         return None
-    missing = "vLLM is not installed" if importlib.util.find_spec("vllm") is None else \
-        "this machine has no GPU" if not torch.cuda.is_available() else None
+    missing = (
+        "vLLM is not installed"
+        if importlib.util.find_spec("vllm") is None
+        else "this machine has no GPU"
+        if not torch.cuda.is_available()
+        else None
+    )
     if missing is None:
         return None
     args.use_vllm = False
-    return (f"the script asks for use_vllm=True; {missing}, so completions are sampled with the model's own "
-            "generate (the script's generation settings) and vLLM itself is not exercised")
+    return (
+        f"the script asks for use_vllm=True; {missing}, so completions are sampled with the model's own "
+        "generate (the script's generation settings) and vLLM itself is not exercised"
+    )
 
 
 def fsdp_for_this_machine(args: Any) -> dict[str, Any] | None:

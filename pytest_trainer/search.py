@@ -22,8 +22,13 @@ from contextlib import contextmanager
 from typing import Any
 
 
-def search(strategy: Any, check: Callable[[Any], None], key: str, examples: int,
-           check_all: Callable[[list[Any]], bool] | None = None) -> None:
+def search(
+    strategy: Any,
+    check: Callable[[Any], None],
+    key: str,
+    examples: int,
+    check_all: Callable[[list[Any]], bool] | None = None,
+) -> None:
     """Try `check` on examples of `strategy`; on failure, raise its exception for the smallest example found."""
     from hypothesis import HealthCheck, given, seed, settings
 

@@ -49,8 +49,9 @@ def _trampoline() -> Callable[..., Any] | None:
     wanted = CHUNK_SLOTS - CHUNK_HEADER - DIRECT_RUN_ROOM
     padding = wanted
     for _ in range(4):
-        source = ("def call_at_base(function, *args):\n    return function(*args)\n"
-                  + "".join(f"    _{index} = None\n" for index in range(padding)))
+        source = "def call_at_base(function, *args):\n    return function(*args)\n" + "".join(
+            f"    _{index} = None\n" for index in range(padding)
+        )
         namespace: dict[str, Any] = {}
         exec(compile(source, "<pytest-trainer: a frame the size of a direct run's stack>", "exec"), namespace)
         code = namespace["call_at_base"].__code__

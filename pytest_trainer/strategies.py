@@ -47,8 +47,9 @@ def label_domain(trainer: Trainer | Pipeline) -> LabelDomain | None:
         return None
     if pipeline.task.labels == tasks.CHOICE:
         sequence = pipeline.task.sequence or ""
-        choices = int(tables.outer_lengths(table, sequence)[0]) \
-            if sequence in table.column_names and table.num_rows else 0
+        choices = (
+            int(tables.outer_lengths(table, sequence)[0]) if sequence in table.column_names and table.num_rows else 0
+        )
         return LabelDomain(tuple(range(choices)), f"the {choices} choices of each example") if choices else None
     feature = _feature(pipeline, column)
     class_names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
@@ -169,7 +170,7 @@ def _resized(value: list[Any], length: int, kept: int = 0) -> list[Any]:
     body, end = (value[:-kept], value[-kept:]) if kept and len(value) > kept else (value, [])
     if length <= len(end):
         return end[-length:]
-    return (body * ((length - len(end)) // max(len(body), 1) + 1))[:length - len(end)] + end
+    return (body * ((length - len(end)) // max(len(body), 1) + 1))[: length - len(end)] + end
 
 
 def require_sequences(pipeline: Pipeline) -> None:
@@ -182,8 +183,10 @@ def require_sequences(pipeline: Pipeline) -> None:
         pytest.skip(f"the training samples have no token sequence {column!r} whose length could vary")
     packed = [name for name in PACKING_COLUMNS if name in table.column_names]
     if packed:
-        pytest.skip(f"the training rows are packed ({packed[0]!r} marks the documents in each row): cutting or "
-                    "padding a row would split its documents; the dataset check covers their lengths")
+        pytest.skip(
+            f"the training rows are packed ({packed[0]!r} marks the documents in each row): cutting or "
+            "padding a row would split its documents; the dataset check covers their lengths"
+        )
 
 
 def _row_lengths(pipeline: Pipeline) -> np.ndarray:

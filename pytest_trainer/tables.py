@@ -46,8 +46,11 @@ def spread(count: int, limit: int) -> list[int]:
 
 def scalar_columns(schema: pa.Schema) -> list[str]:
     """Columns of one number per row (class ids, scores, flags): cheap to read over a whole split."""
-    return [field.name for field in schema
-            if pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_boolean(field.type)]
+    return [
+        field.name
+        for field in schema
+        if pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_boolean(field.type)
+    ]
 
 
 def from_columns(columns: dict[str, list[Any]]) -> tuple[pa.Table, list[str]]:
@@ -93,8 +96,8 @@ def _plain(value: Any) -> Any:
 
 
 def _nested(column_type: pa.DataType) -> bool:
-    return pa.types.is_list(column_type) or pa.types.is_large_list(column_type) or pa.types.is_fixed_size_list(
-        column_type
+    return (
+        pa.types.is_list(column_type) or pa.types.is_large_list(column_type) or pa.types.is_fixed_size_list(column_type)
     )
 
 
@@ -147,8 +150,9 @@ def row_lengths(table: pa.Table, column: str) -> np.ndarray:
         return np.ones(table.num_rows, dtype=np.int64)
     for level_ends in reversed(ends[:-1]):  # fold each outer level: a row's length is its longest sequence
         starts = np.concatenate([[0], level_ends[:-1]])
-        counts = np.array([counts[start:end].max(initial=0) for start, end in zip(starts, level_ends, strict=True)],
-                          dtype=np.int64)
+        counts = np.array(
+            [counts[start:end].max(initial=0) for start, end in zip(starts, level_ends, strict=True)], dtype=np.int64
+        )
     return counts
 
 

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
 
 
-
 def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
     """Seq2seq targets padded with the pad id, not -100, train the model to write padding."""
     table = split.table
@@ -88,8 +87,9 @@ def target_ends(pipeline: Pipeline) -> tuple[bool, int | None]:
     for source in sources:
         for name in ("eos_token_id", "bos_token_id"):
             found = getattr(source, name, None)
-            ends.update(item for item in (found if isinstance(found, (list, tuple)) else [found])
-                        if isinstance(item, int))
+            ends.update(
+                item for item in (found if isinstance(found, (list, tuple)) else [found]) if isinstance(item, int)
+            )
     return pad in ends, pad
 
 

@@ -42,14 +42,14 @@ DECODER_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
 #: Why a label of each kind is not a class id whose values could be varied.
 NOT_CLASSES = {
     TOKEN_IDS: "a language model's labels are token ids, not classes: the dataset, targets and lengths checks "
-               "cover them",
+    "cover them",
     DECODER_TARGETS: "seq2seq labels are decoder target token ids, not classes: the dataset check covers them",
     POSITIONS: "question-answering labels are start and end positions in each sequence, not classes",
     TRANSCRIPT: "CTC labels are transcripts of token ids, not classes",
     PREFERENCE: "preference pairs have no label column: the trainer scores chosen against rejected",
     REWARD: "online RL has no label column: reward functions score the completions the model samples",
     EMBEDDING: "a sentence-transformers loss decides what its label is (a score, a class, none): the dataset check "
-               "holds the labels to the loss",
+    "holds the labels to the loss",
     UNKNOWN: "what this model takes as labels is unknown to pytest-trainer",
 }
 
@@ -98,8 +98,10 @@ class Task:
     def no_sequence(self) -> str | None:
         """Why this task has no token sequence whose length a property could vary, or None when it has one."""
         if self.sequence is None and not self.conventional:
-            return f"{self.name}: pytest-trainer cannot tell which input of a model of your own is its token " \
-                   "sequence, so it varies no length"
+            return (
+                f"{self.name}: pytest-trainer cannot tell which input of a model of your own is its token "
+                "sequence, so it varies no length"
+            )
         if self.sequence is None:
             return f"{self.name}: the model takes no token sequence whose length could vary"
         return None
@@ -127,8 +129,9 @@ def detect(model: Any) -> Task:
     if kind.endswith("ForMultipleChoice"):
         return Task("multiple choice", CHOICE, sequence, nested=True)
     if kind.endswith("ForTokenClassification"):
-        return Task("token classification", TOKEN_CLASS, sequence, classes=classes,
-                    auto_class="AutoModelForTokenClassification")
+        return Task(
+            "token classification", TOKEN_CLASS, sequence, classes=classes, auto_class="AutoModelForTokenClassification"
+        )
     if kind.endswith("ForQuestionAnswering"):
         return Task("question answering", POSITIONS, sequence, positions=("start_positions", "end_positions"))
     if kind.endswith("ForCTC"):
@@ -150,8 +153,13 @@ def detect(model: Any) -> Task:
         auto_class = "AutoModelForSequenceClassification" if main == "input_ids" else kind
         return Task(name, CLASS, sequence, classes=classes, auto_class=auto_class)
     if kind.endswith("ForConditionalGeneration") and vision_language(config):
-        return Task("vision-language causal language modelling", TOKEN_IDS, sequence, shifts_labels=True,
-                    image_token=image_token(config))
+        return Task(
+            "vision-language causal language modelling",
+            TOKEN_IDS,
+            sequence,
+            shifts_labels=True,
+            image_token=image_token(config),
+        )
     if getattr(config, "is_encoder_decoder", False) or kind.endswith(("ForConditionalGeneration", "Seq2SeqLM")):
         return Task("sequence to sequence", DECODER_TARGETS, sequence)
     return Task(f"a {kind}", UNKNOWN, sequence)

@@ -94,8 +94,11 @@ class SavedWeights:
         found = []
         with torch.no_grad():
             for name, parameter in model.named_parameters():
-                if not parameter.requires_grad or parameter.grad is None or \
-                        parameter.dtype not in (torch.bfloat16, torch.float16):
+                if (
+                    not parameter.requires_grad
+                    or parameter.grad is None
+                    or parameter.dtype not in (torch.bfloat16, torch.float16)
+                ):
                     continue
                 value = self._read(name, parameter)
                 pushed = parameter.grad != 0
@@ -123,9 +126,13 @@ def non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     import torch
 
     with torch.no_grad():
-        return [name for name, tensor in named if tensor.is_floating_point()
-                and not math.isfinite(float(tensor.sum(dtype=torch.float32)))
-                and not bool(torch.isfinite(tensor).all())]
+        return [
+            name
+            for name, tensor in named
+            if tensor.is_floating_point()
+            and not math.isfinite(float(tensor.sum(dtype=torch.float32)))
+            and not bool(torch.isfinite(tensor).all())
+        ]
 
 
 def at_peak_learning_rate(optimizer: Any, model: Any) -> tuple[float, bool]:
@@ -146,8 +153,7 @@ def at_peak_learning_rate(optimizer: Any, model: Any) -> tuple[float, bool]:
     return peak, below
 
 
-def one_step(loss_of: LossOf, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, scheduler: Any
-             ) -> float:
+def one_step(loss_of: LossOf, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, scheduler: Any) -> float:
     """One training step as the Trainer takes it: loss, backward, optimizer and scheduler step; returns the loss."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -169,8 +175,16 @@ class FixedBatchRun:
     would otherwise hide whether a step can change anything.
     """
 
-    def __init__(self, trainer: Trainer, loss_of: LossOf, model: torch.nn.Module, batch: dict[str, Any],
-                 factor: float, start_loss: Callable[[], float], judge: LossOf | None = None) -> None:
+    def __init__(
+        self,
+        trainer: Trainer,
+        loss_of: LossOf,
+        model: torch.nn.Module,
+        batch: dict[str, Any],
+        factor: float,
+        start_loss: Callable[[], float],
+        judge: LossOf | None = None,
+    ) -> None:
         self.trainer, self.loss_of, self.model, self.batch, self.factor = trainer, loss_of, model, batch, factor
         #: What the run is judged by in eval mode (`starting_loss`, `eval_loss`): the loss unless said otherwise.
         self.judge = judge or loss_of
@@ -237,8 +251,10 @@ class FixedBatchRun:
         device = self.model_device
         trainer = self.trainer
         optimizer, scheduler = self._made[:2] if self._made else (trainer.optimizer, trainer.lr_scheduler)
-        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []), \
-                holding(trainer, self.model, optimizer, scheduler):
+        with (
+            torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []),
+            holding(trainer, self.model, optimizer, scheduler),
+        ):
             torch.manual_seed(SEED + self.steps)
             yield
 

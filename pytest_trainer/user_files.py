@@ -63,8 +63,12 @@ class UserFolders:
     def watch(self, folder: str | os.PathLike[str]) -> None:
         """Start watching `folder` (relative to the working directory now) unless one watched holds it already."""
         path = Path(os.path.abspath(folder))
-        if any(path.is_relative_to(known) for known in self._watched) or self._project.is_relative_to(path) or \
-                self._sandbox.is_relative_to(path) or path.is_relative_to(self._sandbox):
+        if (
+            any(path.is_relative_to(known) for known in self._watched)
+            or self._project.is_relative_to(path)
+            or self._sandbox.is_relative_to(path)
+            or path.is_relative_to(self._sandbox)
+        ):
             return
         watched = _Watched(path, self._created(path))
         if watched.created is None:
@@ -87,8 +91,11 @@ class UserFolders:
         try:
             if not folder.is_dir() or folder.stat().st_mtime_ns < self._started:
                 return False
-            return all(Path(root, name).stat().st_mtime_ns >= self._started
-                       for root, folders, files in os.walk(folder) for name in [*folders, *files])
+            return all(
+                Path(root, name).stat().st_mtime_ns >= self._started
+                for root, folders, files in os.walk(folder)
+                for name in [*folders, *files]
+            )
         except OSError:
             return False
 
@@ -99,9 +106,10 @@ class UserFolders:
         shared = "PYTEST_XDIST_WORKER" in os.environ
         return [line for watched in self._watched.values() if (line := _restore(watched, act=False))] + [
             f"{path}: made by the script before train(); left, as other pytest processes work in this directory too"
-            if shared else
-            f"{path}: made by the script before train(), in the working directory; removed when the session ends"
-            for path in self._made]
+            if shared
+            else f"{path}: made by the script before train(), in the working directory; removed when the session ends"
+            for path in self._made
+        ]
 
     def restore(self) -> None:
         """Put every watched folder back, and remove what the script made in the working directory (unless other
@@ -160,8 +168,10 @@ def _restore(watched: _Watched, act: bool) -> str | None:
         written = sum(len(files) for _, _, files in os.walk(watched.created))
         if act:
             shutil.rmtree(watched.created, ignore_errors=True)
-        return f"{watched.created}: created by the script before train(), with {written} files; removed when the " \
-               "session ends"
+        return (
+            f"{watched.created}: created by the script before train(), with {written} files; removed when the "
+            "session ends"
+        )
     if not watched.folder.is_dir():
         return None
     removed, put_back, lost = [], [], []

@@ -60,8 +60,9 @@ def images_of(sample: dict[str, Any]) -> list[Any] | None:
 # ---- targets: per row, the image tokens each row's images need, and none of them supervised ---------------------
 
 
-def audit(pipeline: Pipeline, spread: Sequence[tuple[dict[str, np.ndarray], list[dict[str, Any]]]], sampled: int
-          ) -> tuple[dict[str, float], list[str]]:
+def audit(
+    pipeline: Pipeline, spread: Sequence[tuple[dict[str, np.ndarray], list[dict[str, Any]]]], sampled: int
+) -> tuple[dict[str, float], list[str]]:
     """Check the batches of a vision-language task collated from `sampled` rows spread over the training split
     (`fed.Batches.spread`, as numpy); return figures and notes for the report."""
     token = pipeline.task.image_token
@@ -71,7 +72,7 @@ def audit(pipeline: Pipeline, spread: Sequence[tuple[dict[str, np.ndarray], list
     training, start = pipeline.training, 0
     collated = []
     for batch, samples in spread:
-        collated.append((batch, samples, [training.row(index) for index in positions[start:start + len(samples)]]))
+        collated.append((batch, samples, [training.row(index) for index in positions[start : start + len(samples)]]))
         start += len(samples)
     check_image_token_counts(pipeline, collated)
     image_targets = total_targets = 0
@@ -119,9 +120,9 @@ def expected_image_tokens(pipeline: Pipeline, images: list[Any]) -> int | None:
     return int((encoded["input_ids"] == token).sum())
 
 
-def check_image_token_counts(pipeline: Pipeline,
-                             collated: Sequence[tuple[dict[str, np.ndarray], list[dict[str, Any]], list[int]]]
-                             ) -> None:
+def check_image_token_counts(
+    pipeline: Pipeline, collated: Sequence[tuple[dict[str, np.ndarray], list[dict[str, Any]], list[int]]]
+) -> None:
     """Each row holds as many image tokens as its images fill with features: a row with fewer lost some (cut by
     truncation, or dropped by the collator); the model then fails, or pairs features with the wrong tokens."""
     token = pipeline.task.image_token
@@ -161,8 +162,9 @@ def check_images_kept(pipeline: Pipeline, batch: dict[str, Any]) -> None:
     features = getattr(training.given, "features", None) or {}
     dropped = [name for name in training.removed if _holds_images(features.get(name))]
     if dropped:
-        raise _dropped(pipeline, dropped, "so the batch holds no pixel_values and the model is trained on the text "
-                                          "alone")
+        raise _dropped(
+            pipeline, dropped, "so the batch holds no pixel_values and the model is trained on the text alone"
+        )
 
 
 def images_dropped(pipeline: Pipeline, split: Any, columns: list[str]) -> diagnosis.PipelineFailure | None:
@@ -176,8 +178,11 @@ def images_dropped(pipeline: Pipeline, split: Any, columns: list[str]) -> diagno
         return None
     others = [name for name in columns if name not in dropped]
     also = f"{', '.join(repr(name) for name in others)} too, so " if others else ""
-    return _dropped(pipeline, dropped, f"and {also}no column is left: the collator that reads the images and calls "
-                                       "the processor never gets them")
+    return _dropped(
+        pipeline,
+        dropped,
+        f"and {also}no column is left: the collator that reads the images and calls the processor never gets them",
+    )
 
 
 def _dropped(pipeline: Pipeline, columns: list[str], consequence: str) -> diagnosis.PipelineFailure:
@@ -212,14 +217,14 @@ def explain(error: BaseException, pipeline: Pipeline) -> diagnosis.PipelineFailu
         return diagnosis.PipelineFailure(
             f"truncation to {at} cut image tokens from {where}: the processor expands each image into a fixed run "
             "of image tokens, and the row is longer than max_length, so its image no longer fits (the processor "
-            "raised \"Mismatch in `image` token count\")",
+            'raised "Mismatch in `image` token count")',
             "never truncate through image tokens: max_length=None, or one above the longest row with its image "
             "tokens; shorten the text itself where rows are too long",
         )
     if MODEL_MISMATCH in message:
         return diagnosis.PipelineFailure(
             "the batch's image tokens and its images' features differ in number (the model raised \"Image features "
-            f"and image tokens do not match\"): {_counts(pipeline)}; a row lost image tokens (truncation, or a "
+            f'and image tokens do not match"): {_counts(pipeline)}; a row lost image tokens (truncation, or a '
             "collator that shortens input_ids) or its text holds more or fewer image markers than it has images",
             "let the processor insert the image tokens (one image marker in the text per image) and never cut them: "
             "no truncation after the processor, max_length=None or above the longest row",
@@ -255,15 +260,25 @@ def _counts(pipeline: Pipeline) -> str:
 # ---- save: the processor that makes the model's inputs reloads from the checkpoint ------------------------------
 
 #: Processor attributes that decide how many image tokens an image becomes, beside its image processor.
-PROCESSOR_SETTINGS = ("image_token", "patch_size", "vision_feature_select_strategy", "num_additional_image_tokens",
-                      "image_seq_len", "num_image_tokens")
+PROCESSOR_SETTINGS = (
+    "image_token",
+    "patch_size",
+    "vision_feature_select_strategy",
+    "num_additional_image_tokens",
+    "image_seq_len",
+    "num_image_tokens",
+)
 
 
 def check_processor_saved(pipeline: Pipeline) -> None:
     """A vision-language model is saved with a processor that prepares images, not a tokenizer alone."""
     given = getattr(pipeline.trainer, "processing_class", None)
-    if pipeline.task.image_token is None or processor_of(pipeline) is not None or given is None or \
-            not hasattr(given, "save_pretrained"):
+    if (
+        pipeline.task.image_token is None
+        or processor_of(pipeline) is not None
+        or given is None
+        or not hasattr(given, "save_pretrained")
+    ):
         return
     raise diagnosis.PipelineFailure(
         f"the Trainer saves a {type(given).__name__} without an image processor beside the vision-language "
@@ -280,8 +295,9 @@ def image_settings(given: Any, reloaded: Any) -> list[tuple[str, Any, Any]]:
     if image_processor is None:
         return []
     again = getattr(reloaded, "image_processor", None)
-    pairs: list[tuple[str, Any, Any]] = [("image processor class", _family(type(image_processor).__name__),
-                                          _family(type(again).__name__))]
+    pairs: list[tuple[str, Any, Any]] = [
+        ("image processor class", _family(type(image_processor).__name__), _family(type(again).__name__))
+    ]
     ours = _plain(image_processor.to_dict())
     theirs = _plain(again.to_dict()) if again is not None else {}
     for settings in (ours, theirs):  # transformers 4.x names the backend's class here

@@ -41,15 +41,25 @@ def cases(framework: str) -> list[tuple[str, str, str, str]]:
     """(name, entry file, --trainer-args, the learning-rate-0 override) of each case."""
     if framework == "llamafactory":
         launcher = entry("llamafactory", "launcher.py")
-        return [(f"LoRA {stage.upper()}", launcher, str(HERE / "llamafactory" / f"{stage}.yaml"), "learning_rate=0")
-                for stage in ("sft", "dpo")]
+        return [
+            (f"LoRA {stage.upper()}", launcher, str(HERE / "llamafactory" / f"{stage}.yaml"), "learning_rate=0")
+            for stage in ("sft", "dpo")
+        ]
     if framework == "swift":
-        return [("LoRA SFT", entry("swift", "cli", "sft.py"), (HERE / "swift" / "sft.args").read_text().strip(),
-                 "--learning_rate 0")]
+        return [
+            (
+                "LoRA SFT",
+                entry("swift", "cli", "sft.py"),
+                (HERE / "swift" / "sft.args").read_text().strip(),
+                "--learning_rate 0",
+            )
+        ]
     if framework == "axolotl":
         train = entry("axolotl", "cli", "train.py")
-        return [(f"LoRA SFT{name}", train, str(HERE / "axolotl" / config), "--learning_rate=0")
-                for name, config in (("", "sft.yml"), (" with sample_packing", "packing.yml"))]
+        return [
+            (f"LoRA SFT{name}", train, str(HERE / "axolotl" / config), "--learning_rate=0")
+            for name, config in (("", "sft.yml"), (" with sample_packing", "packing.yml"))
+        ]
     sys.exit(f"usage: python {Path(__file__).name} llamafactory|axolotl|swift")
 
 
@@ -63,8 +73,17 @@ def files_here() -> set[str]:
 
 
 def pytest(module: str, arguments: str, *options: str) -> tuple[int, str]:
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", f"--trainer-module={module}",
-               f"--trainer-args={arguments}", *options]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        f"--trainer-module={module}",
+        f"--trainer-args={arguments}",
+        *options,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     output = done.stdout + done.stderr
     summary = [line for line in output.splitlines() if "failed:" in line or " passed" in line or "fix:" in line]
@@ -84,8 +103,10 @@ def main() -> None:
         left = sorted(files_here() - before)
         if code != 0 or left:
             print(output[-6000:])
-            sys.exit(f"{framework}, {name}: expected every item to pass and no file left; pytest exited {code}, "
-                     f"files left: {left}")
+            sys.exit(
+                f"{framework}, {name}: expected every item to pass and no file left; pytest exited {code}, "
+                f"files left: {left}"
+            )
         print(f"== {framework}, {name}: learning rate 0", flush=True)
         code, output = pytest(module, f"{arguments} {zero}", "--trainer-stages=load,step")
         if code != 1 or LEARNING_RATE_ZERO not in output:

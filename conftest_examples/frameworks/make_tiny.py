@@ -20,8 +20,10 @@ import sys
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 CHAT_TEMPLATE = (
@@ -36,8 +38,16 @@ CHAT_TEMPLATE = (
 
 SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "a bird", "the farmer", "our team", "the child"]
 VERBS = ["likes", "sees", "finds", "wants", "makes", "reads", "paints", "carries"]
-OBJECTS = ["a red apple", "the blue book", "warm bread", "a small boat", "the old map", "green tea",
-           "a new song", "the big box"]
+OBJECTS = [
+    "a red apple",
+    "the blue book",
+    "warm bread",
+    "a small boat",
+    "the old map",
+    "green tea",
+    "a new song",
+    "the big box",
+]
 PLACES = ["in the park", "at home", "by the river", "on the hill", "in the city", "at school"]
 COLORS = ["red", "blue", "green", "yellow", "black", "white", "orange", "purple"]
 NUMBERS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
@@ -56,10 +66,12 @@ def sentences(n, seed=0, place=True):
 def build_tokenizer(corpus):
     tok = Tokenizer(models.BPE())
     # Qwen2's own split (transformers 5 loads the folder as Qwen2Tokenizer, which applies it), then bytes
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
@@ -120,16 +132,25 @@ def make_data(data_dir, n=40, seed=1):
         rejected = "I do not know."
         sft.append({"instruction": instruction, "input": inp, "output": output})
         user = instruction if not inp else f"{instruction}\n{inp}"
-        chat.append({"messages": [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": output},
-        ]})
+        chat.append(
+            {
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": user},
+                    {"role": "assistant", "content": output},
+                ]
+            }
+        )
         dpo.append({"instruction": instruction, "input": inp, "chosen": output, "rejected": rejected})
-        dpo_swift.append({"messages": [
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": output},
-        ], "rejected_response": rejected})
+        dpo_swift.append(
+            {
+                "messages": [
+                    {"role": "user", "content": user},
+                    {"role": "assistant", "content": output},
+                ],
+                "rejected_response": rejected,
+            }
+        )
 
     def dump(name, rows):
         with open(os.path.join(data_dir, name), "w") as f:
@@ -146,8 +167,13 @@ def make_data(data_dir, n=40, seed=1):
             "file_name": "chat.jsonl",
             "formatting": "sharegpt",
             "columns": {"messages": "messages", "system": "system"},
-            "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
-                     "assistant_tag": "assistant", "system_tag": "system"},
+            "tags": {
+                "role_tag": "role",
+                "content_tag": "content",
+                "user_tag": "user",
+                "assistant_tag": "assistant",
+                "system_tag": "system",
+            },
         },
         "tiny_dpo": {
             "file_name": "dpo.jsonl",
@@ -167,11 +193,21 @@ def main():
     os.makedirs(model_dir, exist_ok=True)
     os.makedirs(data_dir, exist_ok=True)
     corpus = sentences(300) + [f"{x} {c} {y}" for x in NUMBERS for c in COLORS for y in ("ball", "hat", "cup")]
-    corpus += ["Repeat.", "What is plus", "It is", "Name a thing that is", "I do not know.",
-               "system user assistant"] + [str(i) for i in range(20)]
+    corpus += [
+        "Repeat.",
+        "What is plus",
+        "It is",
+        "Name a thing that is",
+        "I do not know.",
+        "system user assistant",
+    ] + [str(i) for i in range(20)]
     # the default system prompts of Qwen templates (LLaMA-Factory's qwen, swift's qwen), so that rows fit cutoff_len 64
-    corpus += ["You are a helpful assistant.", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
-               "system\nYou are a helpful assistant.\nuser\n", "\nassistant\n"] * 40
+    corpus += [
+        "You are a helpful assistant.",
+        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+        "system\nYou are a helpful assistant.\nuser\n",
+        "\nassistant\n",
+    ] * 40
     tokenizer = build_tokenizer(corpus)
     model = build_model(tokenizer)
     model.generation_config.eos_token_id = model.config.eos_token_id

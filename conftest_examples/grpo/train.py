@@ -32,17 +32,24 @@ def build_tokenizer(prompts):
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     texts = [message["content"] for prompt in prompts for message in prompt] + ["user assistant"]
     core.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=[PAD, UNKNOWN, START, END]))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=END, pad_token=PAD, unk_token=UNKNOWN,
-                                        additional_special_tokens=[START],
-                                        model_input_names=["input_ids", "attention_mask"])  # what a decoder takes
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=END,
+        pad_token=PAD,
+        unk_token=UNKNOWN,
+        additional_special_tokens=[START],
+        model_input_names=["input_ids", "attention_mask"],
+    )  # what a decoder takes
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
 def names_the_animal(completions, answer, **kwargs):
     """1 when the answer names the animal of the sentence, else 0."""
-    return [float(animal in completion[0]["content"].split())
-            for completion, animal in zip(completions, answer, strict=True)]
+    return [
+        float(animal in completion[0]["content"].split())
+        for completion, animal in zip(completions, answer, strict=True)
+    ]
 
 
 def short_answer(completions, **kwargs):

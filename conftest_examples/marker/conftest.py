@@ -50,8 +50,13 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
     raw = Dataset.from_dict({"text": [text for text, _ in REVIEWS], "label": [label for _, label in REVIEWS]})
     data = raw.map(lambda batch: tokenizer(batch["text"]), batched=True, remove_columns=["text"])
     config = BertConfig(
-        vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=32, num_labels=2,
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_labels=2,
     )
     args = TrainingArguments(
         output_dir=str(tmp_path_factory.mktemp("trainer")), per_device_train_batch_size=8, report_to="none"

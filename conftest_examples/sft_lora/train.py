@@ -39,9 +39,14 @@ def build_tokenizer(conversations):
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     texts = [turn["content"] for conversation in conversations for turn in conversation]
-    core.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=[PAD, START, END], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    ))
+    core.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=[PAD, START, END],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         model_max_length=MAX_POSITIONS,

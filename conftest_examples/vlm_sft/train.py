@@ -35,8 +35,28 @@ except ImportError:  # transformers 4
 IMAGE_SIZE, PATCH = 16, 8  # a 2 x 2 grid of patches: each image fills 4 image tokens
 COLOURS = ["red", "green", "blue", "yellow"]
 SHAPES = ["square", "circle"]
-WORDS = ["what", "is", "in", "the", "picture", "a", "an", "describe", "image", "shape", "colour", "of", "it", "?", ".",
-         ":", "USER", "ASSISTANT", *COLOURS, *SHAPES]
+WORDS = [
+    "what",
+    "is",
+    "in",
+    "the",
+    "picture",
+    "a",
+    "an",
+    "describe",
+    "image",
+    "shape",
+    "colour",
+    "of",
+    "it",
+    "?",
+    ".",
+    ":",
+    "USER",
+    "ASSISTANT",
+    *COLOURS,
+    *SHAPES,
+]
 SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -60,25 +80,58 @@ def build_processor():
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     core.add_special_tokens(SPECIAL)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, model_max_length=128, pad_token="<pad>",
-                                        unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    image_processor = ImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE,
-                                     "width": IMAGE_SIZE}, do_convert_rgb=True)
-    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH,
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                          chat_template=CHAT_TEMPLATE)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        model_max_length=128,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+    )
+    image_processor = ImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, do_convert_rgb=True
+    )
+    return LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    )
 
 
 def build_model(tokenizer):
-    vision = CLIPVisionConfig(image_size=IMAGE_SIZE, patch_size=PATCH, hidden_size=16, intermediate_size=32,
-                              num_hidden_layers=1, num_attention_heads=2, projection_dim=16)
-    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tokenizer.convert_tokens_to_ids(
-        "<image>"), vision_feature_select_strategy="default", vision_feature_layer=-1,
-        projector_hidden_act="gelu", pad_token_id=tokenizer.pad_token_id)
+    vision = CLIPVisionConfig(
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        projection_dim=16,
+    )
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        projector_hidden_act="gelu",
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = LlavaForConditionalGeneration(config)
     # LLaVA's recipe: the vision tower stays frozen; the projector and the language model learn.
     model.model.vision_tower.requires_grad_(False)
@@ -100,14 +153,17 @@ def conversations(count, seed):
     for _ in range(count):
         colour, shape = rng.choice(COLOURS), rng.choice(SHAPES)
         rows["images"].append([picture(colour, shape)])
-        rows["messages"].append([
-            {"role": "user", "content": [{"type": "image", "text": None},
-                                         {"type": "text", "text": rng.choice(QUESTIONS)}]},
-            {"role": "assistant", "content": [{"type": "text", "text": f"a {colour} {shape} ."}]},
-        ])
+        rows["messages"].append(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "text": None}, {"type": "text", "text": rng.choice(QUESTIONS)}],
+                },
+                {"role": "assistant", "content": [{"type": "text", "text": f"a {colour} {shape} ."}]},
+            ]
+        )
     part = {"type": Value("string"), "text": Value("string")}
-    features = Features({"images": List(Image()),
-                         "messages": List({"role": Value("string"), "content": List(part)})})
+    features = Features({"images": List(Image()), "messages": List({"role": Value("string"), "content": List(part)})})
     return Dataset.from_dict(rows, features=features)
 
 
@@ -124,8 +180,13 @@ def main():
         bf16=False,
         report_to="none",
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=conversations(64, seed=0),
-                         eval_dataset=conversations(16, seed=1), processing_class=processor)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=conversations(64, seed=0),
+        eval_dataset=conversations(16, seed=1),
+        processing_class=processor,
+    )
     trainer.train()
 
 

@@ -55,7 +55,7 @@ def check_prompt_as_asked(asked: Asked) -> None:
         prompt = asked.asked(row)
         if not prompt:
             continue
-        ids = [int(token) for token in row.ids[:len(prompt)]]
+        ids = [int(token) for token in row.ids[: len(prompt)]]
         same = next((index for index, (a, b) in enumerate(zip(ids, prompt, strict=False)) if a != b), len(ids))
         compared.append((row, prompt, same))
     differ = [(row, prompt, same) for row, prompt, same in compared if same < len(prompt)]
@@ -66,8 +66,8 @@ def check_prompt_as_asked(asked: Asked) -> None:
     raise diagnosis.Finding(
         f"{len(differ)} of {len(compared)} sampled conversations are trained on a prompt that differs from the one "
         f"inference gives the model (apply_chat_template(messages[:-1], add_generation_prompt=True)): they part at "
-        f"token {same}, trained {asked.text(row.ids[start:same + 8])!r} against asked "
-        f"{asked.text(prompt[start:same + 8])!r}",
+        f"token {same}, trained {asked.text(row.ids[start : same + 8])!r} against asked "
+        f"{asked.text(prompt[start : same + 8])!r}",
         "build the training rows with the tokenizer's own chat template (apply_chat_template on the messages, or "
         "TRL's SFTTrainer on the messages column), or save the template you train with as tokenizer.chat_template",
         [f"row as trained: {asked.marked(row)}", f"row as asked:   {asked.text(prompt)!r}"],
@@ -91,8 +91,7 @@ def check_answer_ends(asked: Asked, notes: list[str]) -> tuple[int, int]:
         _cut_answers(asked, answers, cut, notes)
     _cut_prompts(asked, answers, notes)
     whole = [(row, ending) for row, ending in endings if ending != "cut"]
-    kind, count = next(((kind, count) for kind, count in kinds.most_common() if kind not in ("stops", "cut")),
-                       ("", 0))
+    kind, count = next(((kind, count) for kind, count in kinds.most_common() if kind not in ("stops", "cut")), ("", 0))
     if not whole or count < MOST * len(whole):
         return len(answers), stopped
     row = next(row for row, ending in whole if ending == kind)
@@ -103,26 +102,36 @@ def check_answer_ends(asked: Asked, notes: list[str]) -> tuple[int, int]:
     last = asked.text(row.ids[end - 1])
     if kind == "unlabelled":
         token = asked.text(row.ids[end])
-        cause = (f"{count} of {len(whole)} sampled answers are followed by {token!r} but it carries no label: the "
-                 "model never learns to end its answer and generation runs on")
+        cause = (
+            f"{count} of {len(whole)} sampled answers are followed by {token!r} but it carries no label: the "
+            "model never learns to end its answer and generation runs on"
+        )
         if row.masked_by == "assistant_masks" or (asked.generation_markers and row.masked_by != "completion_mask"):
-            fix = (f"move {token!r} inside the chat template's {{% generation %}}...{{% endgeneration %}} block, so "
-                   "the assistant mask covers the end of each turn")
+            fix = (
+                f"move {token!r} inside the chat template's {{% generation %}}...{{% endgeneration %}} block, so "
+                "the assistant mask covers the end of each turn"
+            )
         elif row.masked_by == "completion_mask":
             fix = f"end each completion with {token!r} (in the completion, not in the next prompt)"
         elif asked.pad is not None and int(row.ids[end]) == asked.pad:
-            fix = ("give the tokenizer a pad token of its own (an unused reserved token; resize the embeddings if it "
-                   "is new): the collator masks every pad id, and here the pad token is the end token")
+            fix = (
+                "give the tokenizer a pad token of its own (an unused reserved token; resize the embeddings if it "
+                "is new): the collator masks every pad id, and here the pad token is the end token"
+            )
         else:
             fix = f"keep the label of {token!r} after each answer (only prompt tokens get -100)"
         raise diagnosis.Finding(cause, fix, shown)
     if kind == "other_stop":
-        cause = (f"{count} of {len(whole)} sampled answers end with {last!r}, but generation stops at {stops} "
-                 f"({where}): the model learns to write {last!r} and generation runs past it")
+        cause = (
+            f"{count} of {len(whole)} sampled answers end with {last!r}, but generation stops at {stops} "
+            f"({where}): the model learns to write {last!r} and generation runs past it"
+        )
         eos = asked.text(asked.eos) if asked.eos is not None else None
-        fix = (f"make generation stop at {last!r}: model.generation_config.eos_token_id = "
-               f"[{', '.join(str(token) for token in asked.stops)}, {int(row.ids[end - 1])}] before saving "
-               f"(SFTConfig(eos_token={last!r}) does it)")
+        fix = (
+            f"make generation stop at {last!r}: model.generation_config.eos_token_id = "
+            f"[{', '.join(str(token) for token in asked.stops)}, {int(row.ids[end - 1])}] before saving "
+            f"(SFTConfig(eos_token={last!r}) does it)"
+        )
         if eos is not None and eos != last and asked.eos not in asked.stops:
             fix += f", and set tokenizer.eos_token = {last!r}"
         raise diagnosis.Finding(cause, fix, shown)
@@ -155,14 +164,20 @@ def check_eos_of_texts(asked: Asked) -> tuple[int, int]:
     row = next(row for row in texts if (row.ids[1:] == eos).any())
     token = asked.text(eos)
     if asked.pad == eos:
-        cause = (f"no end-of-sequence token is supervised (0 of {total} {token!r} tokens in {len(texts)} sampled "
-                 "rows carry a label): the tokenizer pads with the eos token and the collator masks every pad id, so "
-                 "the model never learns to stop")
-        fix = ("give the tokenizer a pad token of its own (tokenizer.pad_token = '<|pad|>' or an unused reserved "
-               "token; resize the embeddings if it is new), or keep the label of the final eos token")
+        cause = (
+            f"no end-of-sequence token is supervised (0 of {total} {token!r} tokens in {len(texts)} sampled "
+            "rows carry a label): the tokenizer pads with the eos token and the collator masks every pad id, so "
+            "the model never learns to stop"
+        )
+        fix = (
+            "give the tokenizer a pad token of its own (tokenizer.pad_token = '<|pad|>' or an unused reserved "
+            "token; resize the embeddings if it is new), or keep the label of the final eos token"
+        )
     else:
-        cause = (f"no end-of-sequence token is supervised (0 of {total} {token!r} tokens in {len(texts)} sampled "
-                 "rows carry a label): the model never learns to stop")
+        cause = (
+            f"no end-of-sequence token is supervised (0 of {total} {token!r} tokens in {len(texts)} sampled "
+            "rows carry a label): the model never learns to stop"
+        )
         fix = f"keep the label of each text's final {token!r} (only padding gets -100)"
     raise diagnosis.Finding(cause, fix, [f"row as trained: {asked.marked(row)}"])
 
@@ -185,14 +200,25 @@ def check_answers_trained(asked: Asked) -> None:
         if content and content not in trained:
             continue  # the content itself is not found as trained: this row is not understood
         total_chars += len(content)
-        wanted = [(f"{message.get('role')} turns", _parts(message.get("content"), "content"), whole)
-                  for message in prompt]
+        wanted = [
+            (f"{message.get('role')} turns", _parts(message.get("content"), "content"), whole) for message in prompt
+        ]
         # Tool calls of every assistant turn reach the row (a tool's answer follows each but the last); reasoning only
         # for the answer trained on (templates such as Qwen3's leave earlier turns' reasoning out by design).
-        calls = [part for message in prompt if message.get("role") == "assistant"
-                 for part in _parts(message.get("tool_calls"), "tool_calls")]
-        wanted += [(name, _parts(answer.get(name), name) + (calls if name == "tool_calls" else []),
-                    whole if name == "tool_calls" else trained) for name in ANSWER_FIELDS]
+        calls = [
+            part
+            for message in prompt
+            if message.get("role") == "assistant"
+            for part in _parts(message.get("tool_calls"), "tool_calls")
+        ]
+        wanted += [
+            (
+                name,
+                _parts(answer.get(name), name) + (calls if name == "tool_calls" else []),
+                whole if name == "tool_calls" else trained,
+            )
+            for name in ANSWER_FIELDS
+        ]
         for name, texts, within in wanted:
             parts = [part for part in (_squashed(text) for text in texts) if part]
             if not parts:
@@ -200,8 +226,9 @@ def check_answers_trained(asked: Asked) -> None:
             held[name] += 1
             size = sum(len(part) for part in parts)
             total_chars += size
-            if not all(part in within for part in parts) or \
-                    (name in ANSWER_FIELDS and asked.drops(row, name, last_only=name != "tool_calls")):
+            if not all(part in within for part in parts) or (
+                name in ANSWER_FIELDS and asked.drops(row, name, last_only=name != "tool_calls")
+            ):
                 lost[name] += 1
                 missing_chars += size
                 example = example or row
@@ -214,11 +241,15 @@ def check_answers_trained(asked: Asked) -> None:
     fixes = []
     if fields:
         shown = "; ".join(FIELD_TEMPLATES.get(name, name) for name in fields)
-        fixes.append(f"use a chat template that renders {' and '.join(fields)} ({shown}), or move them into the "
-                     "message's content")
+        fixes.append(
+            f"use a chat template that renders {' and '.join(fields)} ({shown}), or move them into the "
+            "message's content"
+        )
     if turns:
-        fixes.append(f"use a chat template that renders every message ({' and '.join(turns)} are left out), as the "
-                     "model's own template does")
+        fixes.append(
+            f"use a chat template that renders every message ({' and '.join(turns)} are left out), as the "
+            "model's own template does"
+        )
     where = "are never trained" if fields and not turns else "never reach the model"
     raise diagnosis.Finding(
         f"the stored conversations' {named} {where}: the chat template does not render them, so "
@@ -233,8 +264,9 @@ def _cut_answers(asked: Asked, answers: list[Row], cut: list[Row], notes: list[s
     wanted = [length for row in cut if (length := _whole_length(asked, row)) is not None]
     setting = asked.length_setting
     keeps = f"; {setting}={max(wanted)} keeps every sampled row whole" if wanted else ""
-    line = (f"{len(cut)} of {len(answers)} sampled answers are cut by {setting}={asked.max_length} before their "
-            f"end{keeps}")
+    line = (
+        f"{len(cut)} of {len(answers)} sampled answers are cut by {setting}={asked.max_length} before their end{keeps}"
+    )
     if len(cut) < CUT_SHARE * len(answers):
         notes.append(line)
         return
@@ -262,8 +294,10 @@ def _cut_prompts(asked: Asked, answers: list[Row], notes: list[str]) -> None:
     if not cut:
         return
     setting = asked.length_setting
-    line = (f"{len(cut)} of {len(answers)} sampled rows are cut by {setting}={asked.max_length} at their start: they "
-            f"lose the beginning of their prompt (they do not begin with {asked.text(first)!r} as the others do)")
+    line = (
+        f"{len(cut)} of {len(answers)} sampled rows are cut by {setting}={asked.max_length} at their start: they "
+        f"lose the beginning of their prompt (they do not begin with {asked.text(first)!r} as the others do)"
+    )
     if len(cut) < CUT_SHARE * len(answers):
         notes.append(line)
         return
@@ -317,8 +351,9 @@ def _whole_length(asked: Asked, row: Row) -> int | None:
     prompt, completion = stored.get("prompt"), stored.get("completion")
     try:
         if found is not None and asked.template is not None:
-            made = asked.tokenizer.apply_chat_template([*found[0], found[1]], tokenize=True,
-                                                       **asked.template_arguments(row))
+            made = asked.tokenizer.apply_chat_template(
+                [*found[0], found[1]], tokenize=True, **asked.template_arguments(row)
+            )
         elif isinstance(prompt, str) and isinstance(completion, str) and asked.tokenizer is not None:
             made = asked.tokenizer(prompt + completion)
         else:

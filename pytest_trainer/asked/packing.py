@@ -24,8 +24,15 @@ INPUTS = ("input_ids", "attention_mask", "position_ids")
 #: Keys that mark which tokens are trained, which the model does not take.
 LOSS_KEYS = ("labels", "completion_mask", "assistant_masks")
 #: Batch keys of the documents' boundaries a packing collator passes to flash attention.
-BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_lengths", "cu_seqlens",
-                 "seq_idx")
+BOUNDARY_KEYS = (
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+    "seq_lengths",
+    "cu_seqlens",
+    "seq_idx",
+)
 
 
 def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any], checkpointing: bool) -> str | None:
@@ -58,30 +65,43 @@ def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any], checkpo
     if measured is None:
         return None
     gap, scale = measured
-    note = (f"packed documents kept apart: document 2 of the first packed row (tokens {start} to {end}) gets the "
-            f"same logits alone (largest difference {gap:.3g})")
+    note = (
+        f"packed documents kept apart: document 2 of the first packed row (tokens {start} to {end}) gets the "
+        f"same logits alone (largest difference {gap:.3g})"
+    )
     if gap <= model_facts.output_tolerance(model, TOLERANCE) * scale:
         return note
     mask = batch.get("attention_mask")
-    cached = "attention_mask" not in given and cache is True and \
-        _apart_without_cache(model, given, alone, start, end, scale)
+    cached = (
+        "attention_mask" not in given and cache is True and _apart_without_cache(model, given, alone, start, end, scale)
+    )
     if cached:
-        why = ("the model builds a generation cache in training (config.use_cache=True), and transformers separates "
-               "packed documents by their position_ids only without one")
-        fix = ("train without the cache: TrainingArguments(use_cache=False) under transformers 5 (its Trainer copies "
-               "that setting into model.config.use_cache), model.config.use_cache = False under transformers 4; or "
-               "give flash attention the documents' boundaries (cu_seq_lens)")
+        why = (
+            "the model builds a generation cache in training (config.use_cache=True), and transformers separates "
+            "packed documents by their position_ids only without one"
+        )
+        fix = (
+            "train without the cache: TrainingArguments(use_cache=False) under transformers 5 (its Trainer copies "
+            "that setting into model.config.use_cache), model.config.use_cache = False under transformers 4; or "
+            "give flash attention the documents' boundaries (cu_seq_lens)"
+        )
     elif torch.is_tensor(mask) and bool((mask[0, :end] == 1).all()):
-        why = ("the batch's attention_mask is ones over the whole packed row, so each token attends to the documents "
-               "before it (transformers separates documents by their position_ids only when no attention_mask is "
-               "given)")
-        fix = ("leave attention_mask out of packed batches and pass position_ids (as TRL's padding_free collator and "
-               "DataCollatorWithFlattening do), or give flash attention the documents' boundaries (cu_seq_lens)")
+        why = (
+            "the batch's attention_mask is ones over the whole packed row, so each token attends to the documents "
+            "before it (transformers separates documents by their position_ids only when no attention_mask is "
+            "given)"
+        )
+        fix = (
+            "leave attention_mask out of packed batches and pass position_ids (as TRL's padding_free collator and "
+            "DataCollatorWithFlattening do), or give flash attention the documents' boundaries (cu_seq_lens)"
+        )
     else:
         implementation = getattr(getattr(model, "config", None), "_attn_implementation", None) or "its attention"
         why = f"the model's attention ({implementation}) does not keep to the documents' boundaries"
-        fix = ("use an attention implementation that reads the packed boundaries (flash_attention_2 with position_ids, "
-               "or sdpa with no attention_mask), or turn packing off")
+        fix = (
+            "use an attention implementation that reads the packed boundaries (flash_attention_2 with position_ids, "
+            "or sdpa with no attention_mask), or turn packing off"
+        )
     raise diagnosis.Finding(
         f"packed documents attend to each other: document 2 of the first packed row (tokens {start} to {end}) gets "
         f"logits that differ by {gap:.3g} from the same document alone, because {why}; the model is trained on "
@@ -101,15 +121,17 @@ def _cache_in_training(model: torch.nn.Module, checkpointing: bool) -> bool | No
     return bool(getattr(getattr(model, "config", None), "use_cache", False)) and not checkpointing
 
 
-def _apart_without_cache(model: torch.nn.Module, given: dict[str, Any], alone: dict[str, Any], start: int, end: int,
-                         scale: float) -> bool:
+def _apart_without_cache(
+    model: torch.nn.Module, given: dict[str, Any], alone: dict[str, Any], start: int, end: int, scale: float
+) -> bool:
     """Whether the packed document gets its own logits once the model builds no cache (use_cache=False)."""
     measured = _gap(model, {**given, "use_cache": False}, {**alone, "use_cache": False}, start, end)
     return measured is not None and measured[0] <= model_facts.output_tolerance(model, TOLERANCE) * scale
 
 
-def _gap(model: torch.nn.Module, given: dict[str, Any], alone: dict[str, Any], start: int,
-         end: int) -> tuple[float, float] | None:
+def _gap(
+    model: torch.nn.Module, given: dict[str, Any], alone: dict[str, Any], start: int, end: int
+) -> tuple[float, float] | None:
     """(largest difference between the logits of tokens `start` to `end` of the packed row `given` and those of the
     same document `alone`, the scale it is judged against: the largest logit, at least 1), in eval mode and without
     gradients, the model's mode put back; None where the model returns no logits per token."""
@@ -129,8 +151,9 @@ def _gap(model: torch.nn.Module, given: dict[str, Any], alone: dict[str, Any], s
     return gap, max(1.0, float(alone_logits.float().abs().max()))
 
 
-def check_unmarked_documents(model: torch.nn.Module, samples: list[dict[str, Any]], batch: dict[str, Any],
-                             conversations: bool) -> str | None:
+def check_unmarked_documents(
+    model: torch.nn.Module, samples: list[dict[str, Any]], batch: dict[str, Any], conversations: bool
+) -> str | None:
     """Samples a collator packs into one sequence with no boundary at all (position_ids that do not restart): the
     second attends to the first. A finding where the samples are conversations (separate examples, each asked
     alone at inference); a note for plain texts, which pretraining-style packing streams on purpose."""
@@ -161,9 +184,11 @@ def check_unmarked_documents(model: torch.nn.Module, samples: list[dict[str, Any
     gap, scale = measured
     if gap <= model_facts.output_tolerance(model, TOLERANCE) * scale:
         return None
-    line = (f"the collator packs samples into one sequence with no boundary between them (position_ids do not "
-            f"restart): the second of two packed samples (tokens {start} to {end}) gets logits that differ by "
-            f"{gap:.3g} from the same sample alone, because it attends to the one before it")
+    line = (
+        f"the collator packs samples into one sequence with no boundary between them (position_ids do not "
+        f"restart): the second of two packed samples (tokens {start} to {end}) gets logits that differ by "
+        f"{gap:.3g} from the same sample alone, because it attends to the one before it"
+    )
     if not conversations:
         return line
     raise diagnosis.Finding(

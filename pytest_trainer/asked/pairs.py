@@ -21,9 +21,17 @@ if TYPE_CHECKING:
 #: the data are a note).
 SHARE = 0.25
 #: Batch keys of chosen and rejected sequences side by side, with their masks, across TRL's versions.
-SIDE_BY_SIDE = (("chosen_input_ids", "rejected_input_ids", "chosen_attention_mask", "rejected_attention_mask",
-                 "chosen_labels", "rejected_labels"),
-                ("input_ids_chosen", "input_ids_rejected", "attention_mask_chosen", "attention_mask_rejected", "", ""))
+SIDE_BY_SIDE = (
+    (
+        "chosen_input_ids",
+        "rejected_input_ids",
+        "chosen_attention_mask",
+        "rejected_attention_mask",
+        "chosen_labels",
+        "rejected_labels",
+    ),
+    ("input_ids_chosen", "input_ids_rejected", "attention_mask_chosen", "attention_mask_rejected", "", ""),
+)
 
 
 def answers(batch: Mapping[str, np.ndarray], count: int) -> list[tuple[list[int], list[int]]]:
@@ -42,8 +50,9 @@ def answers(batch: Mapping[str, np.ndarray], count: int) -> list[tuple[list[int]
     return list(zip(rows[:count], rows[count:], strict=True))
 
 
-def check_pairs_differ(found: Sequence[tuple[list[int], list[int], Mapping[str, Any]]], max_length: int | None,
-                       text: Any, notes: list[str]) -> None:
+def check_pairs_differ(
+    found: Sequence[tuple[list[int], list[int], Mapping[str, Any]]], max_length: int | None, text: Any, notes: list[str]
+) -> None:
     """Pairs that are the same once truncated: a note with their number, a finding where they are many."""
     same = [(chosen, sample) for chosen, rejected, sample in found if chosen == rejected]
     if not found:
@@ -55,16 +64,21 @@ def check_pairs_differ(found: Sequence[tuple[list[int], list[int], Mapping[str, 
     by_truncation = max_length is not None and parted and all(part >= max_length for part in parted)
     line = f"{len(same)} of {len(found)} sampled preference pairs have the same chosen and rejected tokens"
     if by_truncation:
-        line += (f" once cut at max_length={max_length}: they first differ at token {min(parted)} to {max(parted)} "
-                 "of the stored pair")
+        line += (
+            f" once cut at max_length={max_length}: they first differ at token {min(parted)} to {max(parted)} "
+            "of the stored pair"
+        )
     else:
         line += " as stored"
     if len(same) < SHARE * len(found):
         notes.append(line)
         return
-    fix = (f"raise max_length to at least {max(parted) + 1}, or shorten the prompts (the common start of both "
-           "answers is kept, their difference cut)" if by_truncation else
-           "drop the pairs whose chosen and rejected answers are the same (or rebuild them): they carry no preference")
+    fix = (
+        f"raise max_length to at least {max(parted) + 1}, or shorten the prompts (the common start of both "
+        "answers is kept, their difference cut)"
+        if by_truncation
+        else "drop the pairs whose chosen and rejected answers are the same (or rebuild them): they carry no preference"
+    )
     raise diagnosis.Finding(
         f"{line}: such a pair's loss is log 2 whatever the model does, so it teaches nothing",
         fix,
@@ -89,8 +103,10 @@ def _parting(sample: Mapping[str, Any]) -> int | None:
     rejected = _ids(sample, ("rejected_ids", "rejected_input_ids", "input_ids_rejected"))
     if chosen is None or rejected is None or chosen == rejected:
         return None
-    common = next((index for index, (a, b) in enumerate(zip(chosen, rejected, strict=False)) if a != b),
-                  min(len(chosen), len(rejected)))
+    common = next(
+        (index for index, (a, b) in enumerate(zip(chosen, rejected, strict=False)) if a != b),
+        min(len(chosen), len(rejected)),
+    )
     prompt = _ids(sample, ("prompt_ids", "prompt_input_ids")) or []
     return len(prompt) + common
 

@@ -76,8 +76,12 @@ class Row:
         return bool(found.size) and int(found[0]) > 1
 
 
-def rows_of(batch: Mapping[str, np.ndarray], samples: Sequence[Mapping[str, Any]],
-            stored: Sequence[Mapping[str, Any] | None], pad: int | None = None) -> list[Row]:
+def rows_of(
+    batch: Mapping[str, np.ndarray],
+    samples: Sequence[Mapping[str, Any]],
+    stored: Sequence[Mapping[str, Any] | None],
+    pad: int | None = None,
+) -> list[Row]:
     """The sequences of a collated batch: its rows, or in a packed batch the runs where position_ids restart at 0 (a
     run of `pad` tokens alone, with no label, is the padding after the last one, not a sequence)."""
     import numpy as np
@@ -103,14 +107,27 @@ def rows_of(batch: Mapping[str, np.ndarray], samples: Sequence[Mapping[str, Any]
             starts = [int(start) for start in np.flatnonzero(positions[index] == 0)] or [0]
         for start, end in zip(starts, [*starts[1:], ids.shape[1]], strict=True):
             cut = slice(start, end)
-            if len(starts) > 1 and pad is not None and (ids[index, cut] == pad).all() and \
-                    (labels[index, cut] == IGNORE_INDEX).all():
+            if (
+                len(starts) > 1
+                and pad is not None
+                and (ids[index, cut] == pad).all()
+                and (labels[index, cut] == IGNORE_INDEX).all()
+            ):
                 continue
             keep = real[index, cut]
             whole = stored[index] if not packed and len(stored) == ids.shape[0] else None
-            rows.append(Row(ids[index, cut][keep], labels[index, cut][keep],
-                            None if prompt is None else prompt[cut][keep], whole, packed, masked_by,
-                            delimited=not packed or len(starts) > 1, segment=len(starts) > 1))
+            rows.append(
+                Row(
+                    ids[index, cut][keep],
+                    labels[index, cut][keep],
+                    None if prompt is None else prompt[cut][keep],
+                    whole,
+                    packed,
+                    masked_by,
+                    delimited=not packed or len(starts) > 1,
+                    segment=len(starts) > 1,
+                )
+            )
     return rows
 
 
@@ -125,10 +142,10 @@ def _masked_by_dataset(sample: Mapping[str, Any], ids: np.ndarray, real: np.ndar
     if given_ids.shape != given_labels.shape or not (given_labels == IGNORE_INDEX).any():
         return None
     offset = int(np.argmax(real)) if real.any() else 0  # left padding puts the sample after the pads
-    if offset + given_ids.size > ids.size or not (ids[offset:offset + given_ids.size] == given_ids).all():
+    if offset + given_ids.size > ids.size or not (ids[offset : offset + given_ids.size] == given_ids).all():
         return None  # the collator changed the tokens (truncated, packed): no alignment to compare
     masked = np.zeros(ids.shape, dtype=bool)
-    masked[offset:offset + given_ids.size] = given_labels == IGNORE_INDEX
+    masked[offset : offset + given_ids.size] = given_labels == IGNORE_INDEX
     return masked
 
 
@@ -151,8 +168,14 @@ class Asked:
         restart between them (TRL's "wrapped" packing). The other rows are texts (plain language modelling, or
         chunks)."""
         chunks = bool(getattr(self.trainer.args, "packing", False))  # TRL packs samples into its dataset's rows
-        return [row for row in self.rows if row.delimited and not (chunks and not row.segment)
-                and row.answer_end is not None and (row.has_prompt or self.conversation(row) is not None)]
+        return [
+            row
+            for row in self.rows
+            if row.delimited
+            and not (chunks and not row.segment)
+            and row.answer_end is not None
+            and (row.has_prompt or self.conversation(row) is not None)
+        ]
 
     @functools.cached_property
     def generation_markers(self) -> bool:
@@ -163,8 +186,10 @@ class Asked:
     def stops(self) -> dict[int, str]:
         """The tokens generation stops at, each with the setting that says so: the model's generation config, else
         its config, else the tokenizer's eos (what `generate` falls back to)."""
-        for owner, name in ((getattr(self.model, "generation_config", None), "generation_config.eos_token_id"),
-                            (getattr(self.model, "config", None), "config.eos_token_id")):
+        for owner, name in (
+            (getattr(self.model, "generation_config", None), "generation_config.eos_token_id"),
+            (getattr(self.model, "config", None), "config.eos_token_id"),
+        ):
             value = getattr(owner, "eos_token_id", None)
             listed = value if isinstance(value, (list, tuple)) else [value]
             found = [token for item in listed if (token := _int(item)) is not None]
@@ -182,8 +207,11 @@ class Asked:
                 return value
         whole = [row for row in self.answers if not row.packed]
         longest = max((len(row) for row in whole), default=0)
-        open_ended = [row for row in whole if len(row) == longest and row.answer_end == len(row)
-                      and int(row.ids[-1]) not in self.stops]
+        open_ended = [
+            row
+            for row in whole
+            if len(row) == longest and row.answer_end == len(row) and int(row.ids[-1]) not in self.stops
+        ]
         return longest if len(open_ended) >= TRUNCATED_ROWS else None
 
     @functools.cached_property
@@ -206,13 +234,15 @@ class Asked:
         question, answer = PROBE
         try:
             text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], tokenize=False)
+                [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], tokenize=False
+            )
             after = str(text).split(answer, 1)[1]
             ids = self.tokenizer(after, add_special_tokens=False)["input_ids"]
         except Exception:  # a template that wants other roles or fields: no end of turn is known
             return None
         special = set(getattr(self.tokenizer, "all_special_ids", None) or []) | set(
-            getattr(self.tokenizer, "added_tokens_decoder", None) or {})
+            getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        )
         first = next((int(token) for token in ids if not self.text(token).isspace()), None)
         return first if first in special else None
 
@@ -238,8 +268,9 @@ class Asked:
         if found is None or self.template is None:
             return None
         try:
-            made = self.tokenizer.apply_chat_template(found[0], add_generation_prompt=True, tokenize=True,
-                                                      **self.template_arguments(row))
+            made = self.tokenizer.apply_chat_template(
+                found[0], add_generation_prompt=True, tokenize=True, **self.template_arguments(row)
+            )
         except Exception:  # a template that cannot render the prompt alone: nothing to compare
             return None
         ids = made.get("input_ids") if isinstance(made, Mapping) else made
@@ -270,13 +301,19 @@ class Asked:
         if found is None or self.template is None:
             return False
         messages = [*found[0], found[1]]
-        bare = [({key: value for key, value in message.items() if key != field}
-                 if message.get("role") == "assistant" and (not last_only or index == len(messages) - 1) else message)
-                for index, message in enumerate(messages)]
+        bare = [
+            (
+                {key: value for key, value in message.items() if key != field}
+                if message.get("role") == "assistant" and (not last_only or index == len(messages) - 1)
+                else message
+            )
+            for index, message in enumerate(messages)
+        ]
         try:
-            rendered, without = (self.tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                                     **self.template_arguments(row))
-                                 for conversation in (messages, bare))
+            rendered, without = (
+                self.tokenizer.apply_chat_template(conversation, tokenize=False, **self.template_arguments(row))
+                for conversation in (messages, bare)
+            )
         except Exception:  # a template that cannot render one of them: nothing is known
             return False
         return bool(rendered == without)
@@ -305,5 +342,6 @@ def _int(value: Any) -> int | None:
 
 
 def _conversation(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(item, Mapping) and "role" in item
-                                                           for item in value)
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(item, Mapping) and "role" in item for item in value)
+    )

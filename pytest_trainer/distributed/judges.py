@@ -30,9 +30,11 @@ TOLERANCE = 1e-3
 #: Metrics the Trainer adds itself: timings and the epoch differ between any two runs.
 TRAINER_METRICS = ("_runtime", "_samples_per_second", "_steps_per_second", "epoch", "_loss")
 #: What usually makes a rank wait forever, said where one did.
-HANG_CAUSES = ("ranks that take a different number of steps (data of different lengths per rank), a forward that "
-               "uses other parameters on other ranks while find_unused_parameters is off, or code that only some "
-               "ranks run (under `if rank == 0:`) calling evaluate(), save or a barrier")
+HANG_CAUSES = (
+    "ranks that take a different number of steps (data of different lengths per rank), a forward that "
+    "uses other parameters on other ranks while find_unused_parameters is off, or code that only some "
+    "ranks run (under `if rank == 0:`) calling evaluate(), save or a barrier"
+)
 
 
 #: What a rank raises when another one is gone: a consequence, never the cause.
@@ -47,9 +49,11 @@ def stopped(pipeline: Pipeline, ranks: Ranks, job: Job) -> None:
         raise failure
 
 
-def why_stopped(ranks: Ranks, processes: int,
-                explain: Callable[[BaseException], diagnosis.PipelineFailure | None] | None = None,
-                ) -> diagnosis.TrainerError | None:
+def why_stopped(
+    ranks: Ranks,
+    processes: int,
+    explain: Callable[[BaseException], diagnosis.PipelineFailure | None] | None = None,
+) -> diagnosis.TrainerError | None:
     """The reason a job of `processes` ranks did not finish, from what they recorded: different data, an error, a
     hang or a death (in that order); None where it finished. `explain` names the cause of a rank's exception from
     the pipeline's facts (None where it cannot)."""
@@ -74,8 +78,7 @@ def why_stopped(ranks: Ranks, processes: int,
         return _with(failure, data)
     if data is not None:
         return data
-    alone = [record["rank"] for record in ranks.records
-             if (record.get("engine") or {}).get("world_size") != processes]
+    alone = [record["rank"] for record in ranks.records if (record.get("engine") or {}).get("world_size") != processes]
     if alone:
         engine = ranks.records[alone[0]].get("engine") or {}
         return diagnosis.PipelineFailure(
@@ -112,16 +115,21 @@ def different_data(ranks: Ranks) -> diagnosis.PipelineFailure | None:
             other = data["splits"].get(name)
             if other is None or other["rows"] != split["rows"] or other["digest"] != split["digest"]:
                 shown = other or {"rows": "none", "first": ""}
-                differing.append(f"the {name} split: rank {first} built {split['rows']} rows, first {split['first']}; "
-                                 f"rank {rank} built {shown['rows']} rows, first {shown['first']}")
+                differing.append(
+                    f"the {name} split: rank {first} built {split['rows']} rows, first {split['first']}; "
+                    f"rank {rank} built {shown['rows']} rows, first {shown['first']}"
+                )
         for key, value in reference["labels"].items():
             if data["labels"].get(key) != value:
-                differing.append(f"the model's {key}: rank {first} has {value}, rank {rank} has "
-                                 f"{data['labels'].get(key)}")
+                differing.append(
+                    f"the model's {key}: rank {first} has {value}, rank {rank} has {data['labels'].get(key)}"
+                )
         if data.get("batches_per_epoch") != reference.get("batches_per_epoch"):
-            differing.append(f"an epoch: rank {first} takes {reference.get('batches_per_epoch')} batches, rank {rank} "
-                             f"{data.get('batches_per_epoch')}, so a rank waits for the others at a step they never "
-                             "take")
+            differing.append(
+                f"an epoch: rank {first} takes {reference.get('batches_per_epoch')} batches, rank {rank} "
+                f"{data.get('batches_per_epoch')}, so a rank waits for the others at a step they never "
+                "take"
+            )
     if not differing:
         return None
     return diagnosis.PipelineFailure(
@@ -209,8 +217,11 @@ def evaluation(pipeline: Pipeline, records: list[dict[str, Any]]) -> list[str]:
                 "processes, rows are counted twice (or dropped) where the evaluation cannot tell the padding the "
                 "ranks added to even out their batches, so the metric is computed on other rows than the split's",
                 "give evaluation a map-style dataset (Dataset, not IterableDataset)"
-                + (", or leave accelerator_config's dispatch_batches at its default for a stream" if dispatch is False
-                   else ", or an eval set whose size is a multiple of processes x per_device_eval_batch_size"),
+                + (
+                    ", or leave accelerator_config's dispatch_batches at its default for a stream"
+                    if dispatch is False
+                    else ", or an eval set whose size is a multiple of processes x per_device_eval_batch_size"
+                ),
             )
         notes.append(f"distributed evaluation: compute_metrics received {received} predictions for {rows} rows")
     return notes
@@ -272,11 +283,15 @@ def _one_process(pipeline: Pipeline, found: dict[str, Any]) -> list[str]:
     splits = trainer.eval_dataset if isinstance(trainer.eval_dataset, dict) else {"": trainer.eval_dataset}
     with diagnosis.pipeline_part("the Trainer's evaluation in one process"):
         alone = trainer.evaluate(eval_dataset=splits[found["split"]], metric_key_prefix=found["prefix"])
-    moved = {key: (value, alone.get(key)) for key, value in metrics.items()
-             if not isinstance(alone.get(key), (int, float)) or not _close(float(alone[key]), value)}
+    moved = {
+        key: (value, alone.get(key))
+        for key, value in metrics.items()
+        if not isinstance(alone.get(key), (int, float)) or not _close(float(alone[key]), value)
+    }
     if moved:
-        shown = ", ".join(f"{key} {value:.6g} with several processes, {one} in one"
-                          for key, (value, one) in moved.items())
+        shown = ", ".join(
+            f"{key} {value:.6g} with several processes, {one} in one" for key, (value, one) in moved.items()
+        )
         raise diagnosis.Finding(
             f"the metrics of the distributed evaluation differ from a one-process evaluation of the same weights: "
             f"{shown}",
@@ -290,11 +305,16 @@ def sharded(records: list[dict[str, Any]]) -> list[str]:
     found = records[0].get("sharding")
     if not found:
         return []
-    wrong = [f"{len(found[key])} {what}: {', '.join(found[key][:5])}" for key, what in (
-        ("reload_differs", "tensors differ after a sharded save and a full reload"),
-        ("full_missing", "tensors of the model are missing from FSDP's full state dict"),
-        ("full_extra", "tensors of FSDP's full state dict are not the model's"),
-        ("full_differs", "tensors of FSDP's full state dict differ from the model's")) if found.get(key)]
+    wrong = [
+        f"{len(found[key])} {what}: {', '.join(found[key][:5])}"
+        for key, what in (
+            ("reload_differs", "tensors differ after a sharded save and a full reload"),
+            ("full_missing", "tensors of the model are missing from FSDP's full state dict"),
+            ("full_extra", "tensors of FSDP's full state dict are not the model's"),
+            ("full_differs", "tensors of FSDP's full state dict differ from the model's"),
+        )
+        if found.get(key)
+    ]
     if wrong:
         raise diagnosis.Finding(
             f"the model's state dict does not survive FSDP (fully_shard over {', '.join(found['layers'])}): "
@@ -302,12 +322,18 @@ def sharded(records: list[dict[str, Any]]) -> list[str]:
             "keep every tensor the model saves a parameter or a persistent buffer of the module that uses it, and tie "
             "weights through the model's own tie_weights()",
         )
-    return [f"FSDP: the state dict round-trips through fully_shard on gloo ({found['sharded_units']} units of "
-            f"{', '.join(found['layers'])}, sharded save, full reload)"]
+    return [
+        f"FSDP: the state dict round-trips through fully_shard on gloo ({found['sharded_units']} units of "
+        f"{', '.join(found['layers'])}, sharded save, full reload)"
+    ]
 
 
-def _error(explain: Callable[[BaseException], diagnosis.PipelineFailure | None] | None, rank: int,
-           error: dict[str, Any], others: list[int]) -> diagnosis.TrainerError:
+def _error(
+    explain: Callable[[BaseException], diagnosis.PipelineFailure | None] | None,
+    rank: int,
+    error: dict[str, Any],
+    others: list[int],
+) -> diagnosis.TrainerError:
     also = f" (ranks {', '.join(map(str, others))} stopped too)" if others else ""
     original = _unpickled(error)
     if not error.get("user"):
@@ -320,8 +346,9 @@ def _error(explain: Callable[[BaseException], diagnosis.PipelineFailure | None] 
     if explained is None:
         part = error.get("part") or "the script under torch.distributed"
         explained = diagnosis.raised_by(original or RuntimeError(error["message"]), part)
-    failure = diagnosis.PipelineFailure(f"rank {rank}: {explained.cause}{also}", explained.fix,
-                                        [*explained.details, *_traceback(error)])
+    failure = diagnosis.PipelineFailure(
+        f"rank {rank}: {explained.cause}{also}", explained.fix, [*explained.details, *_traceback(error)]
+    )
     failure.unexplained = explained.unexplained
     return failure
 
@@ -372,8 +399,11 @@ def _hang(ranks: Ranks, processes: int) -> diagnosis.PipelineFailure:
 
 def _frames(stack: str) -> list[str]:
     """The frames of a faulthandler dump, innermost first, as `path:line in function`."""
-    return [f"{path}:{line} in {name}" for path, line, name in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stack)
-            if not path.startswith("<")]
+    return [
+        f"{path}:{line} in {name}"
+        for path, line, name in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stack)
+        if not path.startswith("<")
+    ]
 
 
 def _users(frame: str) -> bool:

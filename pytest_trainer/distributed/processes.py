@@ -77,18 +77,43 @@ def run(job: Job, timeout: float) -> Ranks:
     job.folder.mkdir(parents=True, exist_ok=True)
     job.output_dir.mkdir(exist_ok=True)
     job_file = job.folder / "job.json"
-    job_file.write_text(json.dumps({
-        "script": str(job.script), "script_args": list(job.script_args), "factory": job.factory,
-        "sample": job.sample, "batch_size": job.batch_size, "steps": job.steps, "folder": str(job.folder),
-        "output_dir": str(job.output_dir), "batch": str(job.batch), "fsdp_layers": job.fsdp_layers,
-    }))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.processes}",
-               "-m", "pytest_trainer.distributed.rank", str(job_file)]
+    job_file.write_text(
+        json.dumps(
+            {
+                "script": str(job.script),
+                "script_args": list(job.script_args),
+                "factory": job.factory,
+                "sample": job.sample,
+                "batch_size": job.batch_size,
+                "steps": job.steps,
+                "folder": str(job.folder),
+                "output_dir": str(job.output_dir),
+                "batch": str(job.batch),
+                "fsdp_layers": job.fsdp_layers,
+            }
+        )
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={job.processes}",
+        "-m",
+        "pytest_trainer.distributed.rank",
+        str(job_file),
+    ]
     log = job.folder / "torchrun.log"
     started = time.monotonic()
     with open(log, "wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=_environment(job.device),
-                                   start_new_session=True, cwd=job.folder)
+        process = subprocess.Popen(
+            command,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=_environment(job.device),
+            start_new_session=True,
+            cwd=job.folder,
+        )
         timed_out = False
         try:
             process.wait(timeout=timeout if timeout > 0 else None)
@@ -99,8 +124,15 @@ def run(job: Job, timeout: float) -> Ranks:
     lines = log.read_text(errors="replace").splitlines()
     records = [_read(job.folder / f"rank-{rank}.json", rank) for rank in range(job.processes)]
     stacks = stacks or {}
-    return Ranks(records, None if timed_out else process.returncode, timed_out, time.monotonic() - started,
-                 [line for line in lines if line.strip()][-TAIL:], stacks, exits(lines))
+    return Ranks(
+        records,
+        None if timed_out else process.returncode,
+        timed_out,
+        time.monotonic() - started,
+        [line for line in lines if line.strip()][-TAIL:],
+        stacks,
+        exits(lines),
+    )
 
 
 def exits(lines: list[str]) -> dict[int, int]:
@@ -112,7 +144,7 @@ def exits(lines: list[str]) -> dict[int, int]:
     start = text.rfind(ROOT_CAUSE)
     root = FAILED_RANK.findall(text[start:]) if start >= 0 else []
     table = text[:start] if start >= 0 else text
-    others = FAILED_RANK.findall(table[table.rfind("Failures:"):]) if "Failures:" in table else []
+    others = FAILED_RANK.findall(table[table.rfind("Failures:") :]) if "Failures:" in table else []
     return {int(rank): int(code) for rank, code in [*root, *others]}
 
 

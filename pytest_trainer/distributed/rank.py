@@ -1,4 +1,4 @@
-"""One process of the `distributed` item, started by torch.distributed.run: `python -m pytest_trainer.distributed.rank JOB`.
+"""One process of the `distributed` item: `python -m pytest_trainer.distributed.rank JOB`, started by torchrun.
 
 Each rank is a fresh interpreter, as torchrun starts it for a real run, so whatever differs between two fresh
 interpreters (unseeded randomness, set order under hash randomization) differs here too. A rank runs the script up
@@ -78,17 +78,21 @@ def main(job_path: str) -> int:
 
 def run(job: dict[str, Any], record: Record, rank: int) -> None:
     record["progress"] = "running the script up to trainer.train()"
-    sandbox = Sandbox(Path(job["output_dir"]), job["sample"], job["batch_size"],
-                      seed=SCRIPT_SEED + rank)  # rank 0 as the pytest process; the others each their own
+    sandbox = Sandbox(
+        Path(job["output_dir"]), job["sample"], job["batch_size"], seed=SCRIPT_SEED + rank
+    )  # rank 0 as the pytest process; the others each their own
     loaded = load_trainer(Path(job["script"]), tuple(job["script_args"]), job["factory"], sandbox)
     trainer = loaded.trainer
     record["progress"] = "reading the data the script built"
     record["data"] = data_facts(trainer)
     written = train(trainer, job["steps"], record, Path(job["output_dir"]))
     record["written"] = written
-    record["engine"] = {"world_size": trainer.args.world_size, "backend": _backend(),
-                        "wrapper": type(trainer.model_wrapped).__name__,
-                        "find_unused_parameters": getattr(trainer.model_wrapped, "find_unused_parameters", None)}
+    record["engine"] = {
+        "world_size": trainer.args.world_size,
+        "backend": _backend(),
+        "wrapper": type(trainer.model_wrapped).__name__,
+        "find_unused_parameters": getattr(trainer.model_wrapped, "find_unused_parameters", None),
+    }
     record["weights"] = weight_digests(trainer.model)
     record["progress"] = "evaluating"
     record["evaluations"] = evaluate(trainer)
@@ -197,8 +201,8 @@ def unused_named(trainer: Any) -> Iterator[None]:
         wrapped = getattr(trainer.model_wrapped, "module", trainer.model)
         if found:
             names = [name for name, parameter in wrapped.named_parameters() if parameter.requires_grad]
-            error.unused_parameters = [names[int(index)] for index in found.group(1).split()  # type: ignore[attr-defined]
-                                       if int(index) < len(names)]
+            unused = [names[int(index)] for index in found.group(1).split() if int(index) < len(names)]
+            error.unused_parameters = unused  # type: ignore[attr-defined]
         raise
 
 
@@ -219,8 +223,12 @@ def row_digests(inputs: Any) -> list[str]:
             if value.shape[0] != size:
                 continue
             part = value[row]
-            if mask is not None and name != "attention_mask" and mask.shape[0] == size \
-                    and part.shape == mask[row].shape:
+            if (
+                mask is not None
+                and name != "attention_mask"
+                and mask.shape[0] == size
+                and part.shape == mask[row].shape
+            ):
                 part = part[mask[row].bool()]
             hasher.update(name.encode())
             hasher.update(part.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
@@ -231,9 +239,12 @@ def row_digests(inputs: Any) -> list[str]:
 def weight_digests(model: Any) -> dict[str, str]:
     import torch
 
-    return {name: hashlib.blake2b(parameter.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes(),
-                                  digest_size=8).hexdigest()
-            for name, parameter in model.named_parameters()}
+    return {
+        name: hashlib.blake2b(
+            parameter.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes(), digest_size=8
+        ).hexdigest()
+        for name, parameter in model.named_parameters()
+    }
 
 
 def evaluate(trainer: Any) -> list[dict[str, Any]]:
@@ -252,10 +263,15 @@ def evaluate(trainer: Any) -> list[dict[str, Any]]:
                 metrics = trainer.evaluate(eval_dataset=split, metric_key_prefix=prefix)
         finally:
             trainer.compute_metrics = metric
-        found.append({"split": name, "prefix": prefix, "rows": count_rows(split),
-                      "received": received[0] if received else None,
-                      "metrics": {key: float(value) for key, value in metrics.items()
-                                  if isinstance(value, (int, float))}})
+        found.append(
+            {
+                "split": name,
+                "prefix": prefix,
+                "rows": count_rows(split),
+                "received": received[0] if received else None,
+                "metrics": {key: float(value) for key, value in metrics.items() if isinstance(value, (int, float))},
+            }
+        )
     return found
 
 

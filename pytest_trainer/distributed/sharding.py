@@ -52,11 +52,17 @@ def round_trip(model: Any, layers: list[str], folder: Path) -> dict[str, Any]:
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full: dict[str, Any] = get_model_state_dict(sharded, options=whole)
     found: dict[str, Any] = {"layers": layers, "sharded_units": len(units)}
-    found["reload_differs"] = sorted(name for name, value in expected.items()
-                                     if name not in target or not torch.equal(target[name].cpu(), value.cpu()))
+    found["reload_differs"] = sorted(
+        name
+        for name, value in expected.items()
+        if name not in target or not torch.equal(target[name].cpu(), value.cpu())
+    )
     if dist.get_rank() == 0:
         found["full_missing"] = sorted(set(expected) - set(full))
         found["full_extra"] = sorted(set(full) - set(expected))
-        found["full_differs"] = sorted(name for name, value in full.items()
-                                       if name in expected and not torch.equal(value.cpu(), expected[name].cpu()))
+        found["full_differs"] = sorted(
+            name
+            for name, value in full.items()
+            if name in expected and not torch.equal(value.cpu(), expected[name].cpu())
+        )
     return found

@@ -38,8 +38,15 @@ def _batch(facts: Pipeline) -> dict[str, Any]:
 
 
 #: What a tokenizer returns beside the token ids: never a target column, even where the model does not take it.
-TOKENIZER_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "offset_mapping",
-                     "length", "overflow_to_sample_mapping")
+TOKENIZER_OUTPUTS = (
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "special_tokens_mask",
+    "offset_mapping",
+    "length",
+    "overflow_to_sample_mapping",
+)
 
 
 def _removed(facts: Pipeline) -> list[str]:
@@ -106,43 +113,63 @@ def _stored_values(facts: Pipeline, column: str, rows: int = 8) -> list[Any]:
 # ---- pipeline rows ----------------------------------------------------------------------------------------------
 
 
-@row(PIPELINE, "label beyond the head", "IndexError: Target 2 is out of bounds. (GPU: device-side assert triggered)",
-      r"Target -?\d+ is out of bounds|device-side assert", "forward")
+@row(
+    PIPELINE,
+    "label beyond the head",
+    "IndexError: Target 2 is out of bounds. (GPU: device-side assert triggered)",
+    r"Target -?\d+ is out of bounds|device-side assert",
+    "forward",
+)
 def _target_out_of_bounds(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     from pytest_trainer import fed_checks
 
     return fed_checks.label_problem(facts)
 
 
-@row(PIPELINE, "token id beyond the embedding, or a sequence beyond the positions",
-      "IndexError: index out of range in self; BERT-style models in transformers 5: RuntimeError: The expanded size "
-      "of the tensor (14) must match the existing size (6) at non-singleton dimension 1 (in 4.57: The size of tensor a "
-      "(14) must match the size of tensor b (6))",
-      r"index out of range in self|The expanded size of the tensor \(\d+\) must match the existing size \(\d+\)"
-      r"|The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension 1",
-      "forward")
+@row(
+    PIPELINE,
+    "token id beyond the embedding, or a sequence beyond the positions",
+    "IndexError: index out of range in self; BERT-style models in transformers 5: RuntimeError: The expanded size "
+    "of the tensor (14) must match the existing size (6) at non-singleton dimension 1 (in 4.57: The size of tensor a "
+    "(14) must match the size of tensor b (6))",
+    r"index out of range in self|The expanded size of the tensor \(\d+\) must match the existing size \(\d+\)"
+    r"|The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension 1",
+    "forward",
+)
 def _index_out_of_range(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     from pytest_trainer import fed_checks
 
     return fed_checks.token_problem(facts)
 
 
-@row(PIPELINE, "truncation through a vision-language row's image tokens",
-      "ValueError: Mismatch in `image` token count between text and `input_ids`. Got ids=[3] and text=[4]. Likely "
-      "due to `truncation='max_length'`. Please disable truncation or increase `max_length`.",
-      r"Mismatch in `image` token count", "collate")
-@row(PIPELINE, "image tokens and image features that differ in number",
-      "ValueError: Image features and image tokens do not match, tokens: 3, features: 4",
-      r"Image features and image tokens do not match", "forward")
+@row(
+    PIPELINE,
+    "truncation through a vision-language row's image tokens",
+    "ValueError: Mismatch in `image` token count between text and `input_ids`. Got ids=[3] and text=[4]. Likely "
+    "due to `truncation='max_length'`. Please disable truncation or increase `max_length`.",
+    r"Mismatch in `image` token count",
+    "collate",
+)
+@row(
+    PIPELINE,
+    "image tokens and image features that differ in number",
+    "ValueError: Image features and image tokens do not match, tokens: 3, features: 4",
+    r"Image features and image tokens do not match",
+    "forward",
+)
 def _image_tokens(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     from pytest_trainer import vision_text
 
     return vision_text.explain(error, facts)
 
 
-@row(PIPELINE, "multi-label labels that are integers",
-      "RuntimeError: result type Float can't be cast to the desired output type Long",
-      r"can't be cast to the desired output type", "forward")
+@row(
+    PIPELINE,
+    "multi-label labels that are integers",
+    "RuntimeError: result type Float can't be cast to the desired output type Long",
+    r"can't be cast to the desired output type",
+    "forward",
+)
 def _multi_label_integers(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     config = _config(facts)
     if getattr(config, "problem_type", None) != "multi_label_classification" or "Float" not in str(error):
@@ -157,10 +184,13 @@ def _multi_label_integers(match: re.Match[str], error: BaseException, facts: Pip
     )
 
 
-@row(PIPELINE, "float labels, one per example, for a classifier",
-      "ValueError: Target size (torch.Size([8])) must be the same as input size (torch.Size([8, 3]))",
-      r"Target size \(torch\.Size\(\[(\d+)\]\)\) must be the same as input size \(torch\.Size\(\[\d+, (\d+)\]\)\)",
-      "forward")
+@row(
+    PIPELINE,
+    "float labels, one per example, for a classifier",
+    "ValueError: Target size (torch.Size([8])) must be the same as input size (torch.Size([8, 3]))",
+    r"Target size \(torch\.Size\(\[(\d+)\]\)\) must be the same as input size \(torch\.Size\(\[\d+, (\d+)\]\)\)",
+    "forward",
+)
 def _float_labels_taken_for_rows(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     labels = _batch(facts).get("labels")
     if labels is None or getattr(labels, "dim", lambda: 0)() != 1:
@@ -188,10 +218,14 @@ def _float_labels_taken_for_rows(match: re.Match[str], error: BaseException, fac
     )
 
 
-@row(PIPELINE, "float labels for single-label classification",
-      "RuntimeError: expected scalar type Long but found Float (torch 2: expected target dtype to be Long or Byte, "
-      "but got Float)",
-      r"expected scalar type Long but found Float|expected target dtype to be Long or Byte, but got Float", "forward")
+@row(
+    PIPELINE,
+    "float labels for single-label classification",
+    "RuntimeError: expected scalar type Long but found Float (torch 2: expected target dtype to be Long or Byte, "
+    "but got Float)",
+    r"expected scalar type Long but found Float|expected target dtype to be Long or Byte, but got Float",
+    "forward",
+)
 def _float_class_ids(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     labels = _batch(facts).get("labels")
     if labels is None or not getattr(labels, "is_floating_point", lambda: False)():
@@ -206,9 +240,13 @@ def _float_class_ids(match: re.Match[str], error: BaseException, facts: Pipeline
     )
 
 
-@row(PIPELINE, "labels of another shape than the predictions",
-      "ValueError: Expected input batch_size (8) to match target batch_size (24).",
-      r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)", "forward")
+@row(
+    PIPELINE,
+    "labels of another shape than the predictions",
+    "ValueError: Expected input batch_size (8) to match target batch_size (24).",
+    r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)",
+    "forward",
+)
 def _labels_per_example_mismatch(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     predicted, given = int(match.group(1)), int(match.group(2))
     labels = _batch(facts).get("labels")
@@ -235,9 +273,13 @@ def _labels_per_example_mismatch(match: re.Match[str], error: BaseException, fac
     )
 
 
-@row(PIPELINE, "labels that do not fit the loss's problem type",
-      "ValueError: Target size (...) must be the same as input size (...) / Found dtype Long but expected Float",
-      r"must be the same as input size|Found dtype \w+ but expected \w+", "forward")
+@row(
+    PIPELINE,
+    "labels that do not fit the loss's problem type",
+    "ValueError: Target size (...) must be the same as input size (...) / Found dtype Long but expected Float",
+    r"must be the same as input size|Found dtype \w+ but expected \w+",
+    "forward",
+)
 def _labels_do_not_fit(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     config = _config(facts)
     problem, width = getattr(config, "problem_type", None), getattr(config, "num_labels", None)
@@ -249,8 +291,13 @@ def _labels_do_not_fit(match: re.Match[str], error: BaseException, facts: Pipeli
     )
 
 
-@row(PIPELINE, "the model returned no loss", "ValueError: The model did not return a loss from the inputs, "
-      "only the following keys: logits.", r"did not return a loss", "forward")
+@row(
+    PIPELINE,
+    "the model returned no loss",
+    "ValueError: The model did not return a loss from the inputs, only the following keys: logits.",
+    r"did not return a loss",
+    "forward",
+)
 def _no_loss(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     takes = _forward_takes(facts)
     model = _model_name(facts)
@@ -278,10 +325,14 @@ def _no_loss(match: re.Match[str], error: BaseException, facts: Pipeline) -> Fou
     )
 
 
-@row(PIPELINE, "a seq2seq target column dropped by the Trainer",
-      "ValueError: You must specify exactly one of input_ids or inputs_embeds (from the decoder); 4.x: You have to "
-      "specify either decoder_input_ids or decoder_inputs_embeds",
-      r"exactly one of input_ids or inputs_embeds|specify either decoder_input_ids or decoder_inputs_embeds", "forward")
+@row(
+    PIPELINE,
+    "a seq2seq target column dropped by the Trainer",
+    "ValueError: You must specify exactly one of input_ids or inputs_embeds (from the decoder); 4.x: You have to "
+    "specify either decoder_input_ids or decoder_inputs_embeds",
+    r"exactly one of input_ids or inputs_embeds|specify either decoder_input_ids or decoder_inputs_embeds",
+    "forward",
+)
 def _decoder_without_targets(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     if not getattr(_config(facts), "is_encoder_decoder", False):
         return None
@@ -306,9 +357,13 @@ def _decoder_without_targets(match: re.Match[str], error: BaseException, facts: 
     )
 
 
-@row(PIPELINE, "no pad id for a classifier that reads the last token",
-      "ValueError: Cannot handle batch sizes > 1 if no padding token is defined.",
-      r"Cannot handle batch sizes > 1 if no padding token is defined", "forward")
+@row(
+    PIPELINE,
+    "no pad id for a classifier that reads the last token",
+    "ValueError: Cannot handle batch sizes > 1 if no padding token is defined.",
+    r"Cannot handle batch sizes > 1 if no padding token is defined",
+    "forward",
+)
 def _no_pad_id_in_config(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     config = _config(facts)
     if config is None or getattr(config, "pad_token_id", None) is not None:
@@ -318,8 +373,10 @@ def _no_pad_id_in_config(match: re.Match[str], error: BaseException, facts: Pipe
     model = _model_name(facts)
     fix = f"set model.config.pad_token_id = tokenizer.pad_token_id ({pad}) before building the Trainer"
     if tokenizer is not None and pad is None:
-        fix = ("give the tokenizer a pad token and the model its id: tokenizer.pad_token = tokenizer.eos_token; "
-               "model.config.pad_token_id = tokenizer.pad_token_id")
+        fix = (
+            "give the tokenizer a pad token and the model its id: tokenizer.pad_token = tokenizer.eos_token; "
+            "model.config.pad_token_id = tokenizer.pad_token_id"
+        )
     return Explained(
         f"{model} classifies from each row's last real token, which it finds by the pad id, but "
         "model.config.pad_token_id is None",
@@ -328,10 +385,14 @@ def _no_pad_id_in_config(match: re.Match[str], error: BaseException, facts: Pipe
     )
 
 
-@row(PIPELINE, "label column of strings",
-      "ValueError: too many dimensions 'str' / Unable to create tensor ... Perhaps your features (`label` in this "
-      "case) have excessive nesting", r"too many dimensions 'str'|Perhaps your features \(`(\w+)` in this case\)",
-      "collate")
+@row(
+    PIPELINE,
+    "label column of strings",
+    "ValueError: too many dimensions 'str' / Unable to create tensor ... Perhaps your features (`label` in this "
+    "case) have excessive nesting",
+    r"too many dimensions 'str'|Perhaps your features \(`(\w+)` in this case\)",
+    "collate",
+)
 def _string_labels(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     columns = [match.group(1)] if match.lastindex else _label_names(facts)
     for column in columns:
@@ -348,8 +409,13 @@ def _string_labels(match: re.Match[str], error: BaseException, facts: Pipeline) 
     return None
 
 
-@row(PIPELINE, "a column the transform or collator reads, dropped by the Trainer", "KeyError: 'image' (or 'text')",
-      r"^'", "dataset")
+@row(
+    PIPELINE,
+    "a column the transform or collator reads, dropped by the Trainer",
+    "KeyError: 'image' (or 'text')",
+    r"^'",
+    "dataset",
+)
 def _dropped_column_read(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     if not isinstance(error, KeyError) or not error.args or not isinstance(error.args[0], str):
         return None
@@ -365,10 +431,15 @@ def _dropped_column_read(match: re.Match[str], error: BaseException, facts: Pipe
     )
 
 
-@row(PIPELINE, "no column the forward takes (an untokenized split, a forward(**inputs))", "ValueError: No columns in "
-      "the dataset match the model's forward method signature; with a tokenizer: You should supply an encoding ... "
-      "that includes input_ids, but you provided ['label']",
-      r"No columns in the dataset match the model's forward|includes input_ids, but you provided", "collate")
+@row(
+    PIPELINE,
+    "no column the forward takes (an untokenized split, a forward(**inputs))",
+    "ValueError: No columns in "
+    "the dataset match the model's forward method signature; with a tokenizer: You should supply an encoding ... "
+    "that includes input_ids, but you provided ['label']",
+    r"No columns in the dataset match the model's forward|includes input_ids, but you provided",
+    "collate",
+)
 def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     removed = _removed(facts)
     text = [name for name in removed if all(isinstance(value, str) for value in _stored_values(facts, name) or [0])]
@@ -393,10 +464,14 @@ def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Pipe
     return None
 
 
-@row(PIPELINE, "a tokenizer output the model's generate does not take (online RL sampling)",
-      "ValueError: The following `model_kwargs` are not used by the model: ['token_type_ids'] (note: typos in the "
-      "generate arguments will also show up in this list)",
-      r"The following `model_kwargs` are not used by the model: \['(\w+)'", "collate")
+@row(
+    PIPELINE,
+    "a tokenizer output the model's generate does not take (online RL sampling)",
+    "ValueError: The following `model_kwargs` are not used by the model: ['token_type_ids'] (note: typos in the "
+    "generate arguments will also show up in this list)",
+    r"The following `model_kwargs` are not used by the model: \['(\w+)'",
+    "collate",
+)
 def _unused_generate_input(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     key = match.group(1)
     if key not in TOKENIZER_OUTPUTS:
@@ -410,9 +485,13 @@ def _unused_generate_input(match: re.Match[str], error: BaseException, facts: Pi
     )
 
 
-@row(PIPELINE, "a batch key the forward does not take",
-      "TypeError: forward() got an unexpected keyword argument 'token_type_ids'",
-      r"forward\(\) got an unexpected keyword argument '(\w+)'", "forward")
+@row(
+    PIPELINE,
+    "a batch key the forward does not take",
+    "TypeError: forward() got an unexpected keyword argument 'token_type_ids'",
+    r"forward\(\) got an unexpected keyword argument '(\w+)'",
+    "forward",
+)
 def _unexpected_keyword(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     key = match.group(1)
     if key not in _batch_keys(facts):
@@ -426,10 +505,12 @@ def _unexpected_keyword(match: re.Match[str], error: BaseException, facts: Pipel
             "in a Trainer subclass's compute_loss",
         )
     remove_unused = bool(getattr(getattr(facts.trainer, "args", None), "remove_unused_columns", True))
-    tokenizer_fix = " (for token_type_ids: tokenizer(..., return_token_type_ids=False))" \
-        if key == "token_type_ids" else ""
-    keep = "" if remove_unused else (
-        " (the script sets remove_unused_columns=False, so the Trainer passes every column)")
+    tokenizer_fix = (
+        " (for token_type_ids: tokenizer(..., return_token_type_ids=False))" if key == "token_type_ids" else ""
+    )
+    keep = (
+        "" if remove_unused else (" (the script sets remove_unused_columns=False, so the Trainer passes every column)")
+    )
     return Explained(
         f"the batch has {key!r}, which {model}.forward does not take{keep}",
         f"drop it before training: dataset = dataset.remove_columns([{key!r}]){tokenizer_fix}, or accept **kwargs in "
@@ -437,18 +518,25 @@ def _unexpected_keyword(match: re.Match[str], error: BaseException, facts: Pipel
     )
 
 
-@row(PIPELINE, "parameters DDP got no gradient for (several processes)",
-      "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.",
-      r"Expected to have finished reduction in the prior iteration", "distributed")
+@row(
+    PIPELINE,
+    "parameters DDP got no gradient for (several processes)",
+    "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.",
+    r"Expected to have finished reduction in the prior iteration",
+    "distributed",
+)
 def _ddp_unused(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     names = list(getattr(error, "unused_parameters", None) or [])
     shown = f" ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})" if names else ""
     args = getattr(facts.trainer, "args", None)
     checkpointing = _checkpointing(args)
-    why = ("with gradient checkpointing on, the Trainer sets DDP's find_unused_parameters=False"
-           if checkpointing and getattr(args, "ddp_find_unused_parameters", None) is None
-           else "the script sets ddp_find_unused_parameters=False" if getattr(args, "ddp_find_unused_parameters", None)
-           is False else "DDP does not look for unused parameters")
+    why = (
+        "with gradient checkpointing on, the Trainer sets DDP's find_unused_parameters=False"
+        if checkpointing and getattr(args, "ddp_find_unused_parameters", None) is None
+        else "the script sets ddp_find_unused_parameters=False"
+        if getattr(args, "ddp_find_unused_parameters", None) is False
+        else "DDP does not look for unused parameters"
+    )
     reentrant = f" with {_checkpointing_kwargs(args)}={{'use_reentrant': False}}" if checkpointing else ""
     return Explained(
         f"{len(names) or 'some'} trainable parameters get no gradient in a step{shown}: the forward does not use "
@@ -458,9 +546,13 @@ def _ddp_unused(match: re.Match[str], error: BaseException, facts: Pipeline) -> 
     )
 
 
-@row(PIPELINE, "reentrant gradient checkpointing under DDP looking for unused parameters",
-      "RuntimeError: Expected to mark a variable ready only once.",
-      r"Expected to mark a variable ready only once", "distributed")
+@row(
+    PIPELINE,
+    "reentrant gradient checkpointing under DDP looking for unused parameters",
+    "RuntimeError: Expected to mark a variable ready only once.",
+    r"Expected to mark a variable ready only once",
+    "distributed",
+)
 def _ddp_ready_twice(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     args = getattr(facts.trainer, "args", None)
     if not _checkpointing(args):
@@ -468,15 +560,17 @@ def _ddp_ready_twice(match: re.Match[str], error: BaseException, facts: Pipeline
     return Explained(
         "reentrant gradient checkpointing (use_reentrant=True) runs each layer's backward again, so DDP, which "
         "looks for unused parameters, sees their gradients arrive twice",
-        f"checkpoint without reentrance: {_checkpointing_kwargs(args)}={{'use_reentrant': False}} in "
-        "TrainingArguments",
+        f"checkpoint without reentrance: {_checkpointing_kwargs(args)}={{'use_reentrant': False}} in TrainingArguments",
     )
 
 
 def _checkpointing_kwargs(args: Any) -> str:
     """The arguments' name for checkpointing options: transformers 5 renamed gradient_ to activation_checkpointing."""
-    return "activation_checkpointing_kwargs" if hasattr(args, "activation_checkpointing_kwargs") \
+    return (
+        "activation_checkpointing_kwargs"
+        if hasattr(args, "activation_checkpointing_kwargs")
         else "gradient_checkpointing_kwargs"
+    )
 
 
 def _checkpointing(args: Any) -> bool:

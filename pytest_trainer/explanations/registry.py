@@ -43,8 +43,9 @@ PIPELINE: list[Row] = []
 SCRIPT: list[Row] = []
 
 
-def row(table: list[Row], name: str, seen: str, pattern: str, stage: str) -> Callable[[Callable[..., Any]],
-                                                                                        Callable[..., Any]]:
+def row(
+    table: list[Row], name: str, seen: str, pattern: str, stage: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a row of `table`."""
 
     def register(explain: Callable[..., Any]) -> Callable[..., Any]:

@@ -22,13 +22,18 @@ def explain(error: BaseException) -> Explained | None:
     return found
 
 
-@row(SCRIPT, "LoRA target modules not in the model",
-      "ValueError: Target modules {'q_proj', 'v_proj'} not found in the base model.",
-      r"", "load")
+@row(
+    SCRIPT,
+    "LoRA target modules not in the model",
+    "ValueError: Target modules {'q_proj', 'v_proj'} not found in the base model.",
+    r"",
+    "load",
+)
 def _lora_targets(match: re.Match[str], error: BaseException) -> Explained | None:
     message = str(error)
     if type(error).__name__ != "NoMatchingPeftModuleError" and not re.search(
-            r"Target modules .* not found in the base model", message):
+        r"Target modules .* not found in the base model", message
+    ):
         return None
     model = _local_of_type(error, "model", _is_module, innermost=True)
     names = linear_module_names(model) if model is not None else []
@@ -43,9 +48,13 @@ def _lora_targets(match: re.Match[str], error: BaseException) -> Explained | Non
     )
 
 
-@row(SCRIPT, "a reference model loaded from a checkpoint that is not there",
-      "OSError: ... is not a local folder and is not a valid model identifier (TRL loading ref_model_path)",
-      r"", "load")
+@row(
+    SCRIPT,
+    "a reference model loaded from a checkpoint that is not there",
+    "OSError: ... is not a local folder and is not a valid model identifier (TRL loading ref_model_path)",
+    r"",
+    "load",
+)
 def _reference_checkpoint(match: re.Match[str], error: BaseException) -> Explained | None:
     reference = _local_of_type(error, "ref_model_path", lambda value: isinstance(value, str))
     if reference is None or not isinstance(error, (OSError, ValueError)):
@@ -61,9 +70,13 @@ def _reference_checkpoint(match: re.Match[str], error: BaseException) -> Explain
     )
 
 
-@row(SCRIPT, "an online RL reference model loaded by the name of a model built from a config",
-      "OSError: Repo id must use alphanumeric chars '-', '_' or '.' ...: '' (RLOO, or GRPO, with beta > 0)",
-      r"", "load")
+@row(
+    SCRIPT,
+    "an online RL reference model loaded by the name of a model built from a config",
+    "OSError: Repo id must use alphanumeric chars '-', '_' or '.' ...: '' (RLOO, or GRPO, with beta > 0)",
+    r"",
+    "load",
+)
 def _online_reference(match: re.Match[str], error: BaseException) -> Explained | None:
     args = _local_of_type(error, "args", lambda value: hasattr(value, "beta") and hasattr(value, "num_generations"))
     model_id = _local_of_type(error, "model_id", lambda value: isinstance(value, str), innermost=True)
@@ -93,8 +106,13 @@ TRL_FORMATS = {
 }
 
 
-@row(SCRIPT, "a TRL dataset in another format", "KeyError: 'chosen' / KeyError: 'text' (inside the TRL trainer)",
-      r"", "load")
+@row(
+    SCRIPT,
+    "a TRL dataset in another format",
+    "KeyError: 'chosen' / KeyError: 'text' (inside the TRL trainer)",
+    r"",
+    "load",
+)
 def _trl_format(match: re.Match[str], error: BaseException) -> Explained | None:
     if not isinstance(error, KeyError) or not _raised_in(error, "/trl/"):
         return None
@@ -103,7 +121,8 @@ def _trl_format(match: re.Match[str], error: BaseException) -> Explained | None:
         return None
     name = type(trainer).__name__
     row = _local_of_type(error, "example", lambda value: hasattr(value, "keys")) or _local_of_type(
-        error, "batch", lambda value: hasattr(value, "keys"))
+        error, "batch", lambda value: hasattr(value, "keys")
+    )
     columns = ", ".join(repr(key) for key in list(row.keys())) if row is not None else "unknown"
     return Explained(
         f"{name} found no column {error.args[0]!r} in the dataset: its columns are {columns}, "
@@ -112,9 +131,13 @@ def _trl_format(match: re.Match[str], error: BaseException) -> Explained | None:
     )
 
 
-@row(SCRIPT, "a stream without max_steps",
-      "ValueError: The train_dataset does not implement __len__, max_steps has to be specified.",
-      r"max_steps.*(__len__|does not have a length)|(__len__|does not have a length).*max_steps", "load")
+@row(
+    SCRIPT,
+    "a stream without max_steps",
+    "ValueError: The train_dataset does not implement __len__, max_steps has to be specified.",
+    r"max_steps.*(__len__|does not have a length)|(__len__|does not have a length).*max_steps",
+    "load",
+)
 def _stream_without_max_steps(match: re.Match[str], error: BaseException) -> Explained:
     return Explained(
         "the training dataset is a stream (an IterableDataset, or streaming=True) and TrainingArguments has no "
@@ -123,9 +146,13 @@ def _stream_without_max_steps(match: re.Match[str], error: BaseException) -> Exp
     )
 
 
-@row(SCRIPT, "the policy given as its own reference (TRL)",
-      "ValueError: `model` and `ref_model` cannot be the same object.",
-      r"`?model`? and `?ref_model`? cannot be the same object", "load")
+@row(
+    SCRIPT,
+    "the policy given as its own reference (TRL)",
+    "ValueError: `model` and `ref_model` cannot be the same object.",
+    r"`?model`? and `?ref_model`? cannot be the same object",
+    "load",
+)
 def _same_reference(match: re.Match[str], error: BaseException) -> Explained:
     return Explained(
         "the same model object is passed as the policy and as ref_model: the reference must stay frozen while the "
@@ -135,10 +162,14 @@ def _same_reference(match: re.Match[str], error: BaseException) -> Explained:
     )
 
 
-@row(SCRIPT, "GRPO generations per prompt that do not divide the batch",
-      "ValueError: generation_batch_size (6) must be divisible by num_generations (8).",
-      r"(generation_batch_size|global train batch size)[^0-9]*\(?(?:\d+ x )?(\d+)\)?.*divisible by (?:the number of "
-      r"generations per prompt|num_generations) \((\d+)\)", "load")
+@row(
+    SCRIPT,
+    "GRPO generations per prompt that do not divide the batch",
+    "ValueError: generation_batch_size (6) must be divisible by num_generations (8).",
+    r"(generation_batch_size|global train batch size)[^0-9]*\(?(?:\d+ x )?(\d+)\)?.*divisible by (?:the number of "
+    r"generations per prompt|num_generations) \((\d+)\)",
+    "load",
+)
 def _grpo_groups(match: re.Match[str], error: BaseException) -> Explained:
     batch, generations = int(match.group(2)), int(match.group(3))
     divisors = [str(number) for number in range(2, batch + 1) if batch % number == 0]
@@ -154,9 +185,13 @@ def _grpo_groups(match: re.Match[str], error: BaseException) -> Explained:
     )
 
 
-@row(SCRIPT, "masked-LM collator with a tokenizer without a mask token",
-      "ValueError: This tokenizer does not have a mask token which is necessary for masked language modeling.",
-      r"does not have a mask token which is necessary for masked language modeling", "load")
+@row(
+    SCRIPT,
+    "masked-LM collator with a tokenizer without a mask token",
+    "ValueError: This tokenizer does not have a mask token which is necessary for masked language modeling.",
+    r"does not have a mask token which is necessary for masked language modeling",
+    "load",
+)
 def _mlm_without_mask(match: re.Match[str], error: BaseException) -> Explained:
     return Explained(
         "DataCollatorForLanguageModeling masks tokens by default (mlm=True, for BERT-style models), and this "
@@ -166,10 +201,14 @@ def _mlm_without_mask(match: re.Match[str], error: BaseException) -> Explained:
     )
 
 
-@row(SCRIPT, "load_best_model_at_end with save and eval at different times",
-      "ValueError: --load_best_model_at_end requires the save and eval strategy to match",
-      r"(?s)load_best_model_at_end requires the save and eval strategy to match.*Evaluation strategy: "
-      r"(?:\w+\.)?(\w+).*Save strategy: (?:\w+\.)?(\w+)", "load")
+@row(
+    SCRIPT,
+    "load_best_model_at_end with save and eval at different times",
+    "ValueError: --load_best_model_at_end requires the save and eval strategy to match",
+    r"(?s)load_best_model_at_end requires the save and eval strategy to match.*Evaluation strategy: "
+    r"(?:\w+\.)?(\w+).*Save strategy: (?:\w+\.)?(\w+)",
+    "load",
+)
 def _best_model_strategies(match: re.Match[str], error: BaseException) -> Explained:
     evaluate, save = match.group(1).lower(), match.group(2).lower()
     return Explained(
@@ -180,10 +219,14 @@ def _best_model_strategies(match: re.Match[str], error: BaseException) -> Explai
     )
 
 
-@row(SCRIPT, "load_best_model_at_end with save steps not a multiple of eval steps",
-      "ValueError: --load_best_model_at_end requires the saving steps to be a round multiple of the evaluation steps",
-      r"load_best_model_at_end requires the sav\w* steps to be a round multiple of the evaluation steps, but found "
-      r"(\d+), which is not a round multiple of (\d+)", "load")
+@row(
+    SCRIPT,
+    "load_best_model_at_end with save steps not a multiple of eval steps",
+    "ValueError: --load_best_model_at_end requires the saving steps to be a round multiple of the evaluation steps",
+    r"load_best_model_at_end requires the sav\w* steps to be a round multiple of the evaluation steps, but found "
+    r"(\d+), which is not a round multiple of (\d+)",
+    "load",
+)
 def _best_model_steps(match: re.Match[str], error: BaseException) -> Explained:
     save, evaluate = int(match.group(1)), int(match.group(2))
     nearest = max(evaluate, round(save / evaluate) * evaluate)
@@ -202,9 +245,13 @@ def _arguments_class(name: str) -> bool:
     return name.endswith(("Arguments", "Config"))
 
 
-@row(SCRIPT, "an argument transformers 5 or TRL 1.x renamed or removed (TrainingArguments and the TRL configs)",
-      "TypeError: TrainingArguments.__init__() got an unexpected keyword argument 'evaluation_strategy'",
-      _UNEXPECTED, "load")
+@row(
+    SCRIPT,
+    "an argument transformers 5 or TRL 1.x renamed or removed (TrainingArguments and the TRL configs)",
+    "TypeError: TrainingArguments.__init__() got an unexpected keyword argument 'evaluation_strategy'",
+    _UNEXPECTED,
+    "load",
+)
 def _renamed_argument(match: re.Match[str], error: BaseException) -> Explained | None:
     from pytest_trainer import renames
 
@@ -222,8 +269,13 @@ def _renamed_argument(match: re.Match[str], error: BaseException) -> Explained |
     )
 
 
-@row(SCRIPT, "a trainer argument renamed, or moved into the TRL config",
-      "TypeError: Trainer.__init__() got an unexpected keyword argument 'tokenizer'", _UNEXPECTED, "load")
+@row(
+    SCRIPT,
+    "a trainer argument renamed, or moved into the TRL config",
+    "TypeError: Trainer.__init__() got an unexpected keyword argument 'tokenizer'",
+    _UNEXPECTED,
+    "load",
+)
 def _renamed_trainer_argument(match: re.Match[str], error: BaseException) -> Explained | None:
     from pytest_trainer import renames
 
@@ -232,8 +284,11 @@ def _renamed_trainer_argument(match: re.Match[str], error: BaseException) -> Exp
         return None
     change = renames.TRAINER_ARGUMENTS.get(where, {}).get(old) or renames.TRAINER_ARGUMENTS["*"].get(old)
     if change is not None:
-        return Explained(f"{change.told(where)} (this machine has {renames.library_release('transformers')}, "
-                         f"{renames.library_release('trl')})", change.fix(f"{where}(...)"))
+        return Explained(
+            f"{change.told(where)} (this machine has {renames.library_release('transformers')}, "
+            f"{renames.library_release('trl')})",
+            change.fix(f"{where}(...)"),
+        )
     config, moved = renames.MOVED_TO_CONFIG.get(where, ("", ()))
     if old not in moved:
         return None
@@ -244,8 +299,13 @@ def _renamed_trainer_argument(match: re.Match[str], error: BaseException) -> Exp
     )
 
 
-@row(SCRIPT, "a from_pretrained keyword transformers 5 removed",
-      "TypeError: LlamaForCausalLM.__init__() got an unexpected keyword argument 'load_in_4bit'", _UNEXPECTED, "load")
+@row(
+    SCRIPT,
+    "a from_pretrained keyword transformers 5 removed",
+    "TypeError: LlamaForCausalLM.__init__() got an unexpected keyword argument 'load_in_4bit'",
+    _UNEXPECTED,
+    "load",
+)
 def _renamed_loading_keyword(match: re.Match[str], error: BaseException) -> Explained | None:
     from pytest_trainer import renames
 
@@ -260,9 +320,13 @@ def _renamed_loading_keyword(match: re.Match[str], error: BaseException) -> Expl
     )
 
 
-@row(SCRIPT, "a name transformers 5 or TRL 1.x no longer exports",
-      "ImportError: cannot import name 'DataCollatorForCompletionOnlyLM' from 'trl'",
-      r"cannot import name '(\w+)' from '([\w.]+)'", "load")
+@row(
+    SCRIPT,
+    "a name transformers 5 or TRL 1.x no longer exports",
+    "ImportError: cannot import name 'DataCollatorForCompletionOnlyLM' from 'trl'",
+    r"cannot import name '(\w+)' from '([\w.]+)'",
+    "load",
+)
 def _removed_import(match: re.Match[str], error: BaseException) -> Explained | None:
     from pytest_trainer import renames
 
@@ -277,9 +341,13 @@ def _removed_import(match: re.Match[str], error: BaseException) -> Explained | N
     )
 
 
-@row(SCRIPT, "a TRL trainer given plain TrainingArguments",
-      "AttributeError: 'TrainingArguments' object has no attribute 'model_init_kwargs'",
-      r"'(TrainingArguments|\w+Config)' object has no attribute '(\w+)'", "load")
+@row(
+    SCRIPT,
+    "a TRL trainer given plain TrainingArguments",
+    "AttributeError: 'TrainingArguments' object has no attribute 'model_init_kwargs'",
+    r"'(TrainingArguments|\w+Config)' object has no attribute '(\w+)'",
+    "load",
+)
 def _trl_arguments(match: re.Match[str], error: BaseException) -> Explained | None:
     given = match.group(1)
     trainer = _local_of_type(error, "self", lambda value: type(value).__name__.endswith("Trainer"))

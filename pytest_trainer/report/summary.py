@@ -78,14 +78,17 @@ class Grid:
         devices = ordered(record.device for record in ran)
         cells = {(record.stage, record.device): record for record in records}
         reasons: dict[str, int] = {}
-        rows = [(stage, [_cell(cells.get((stage, device)), reasons) for device in devices])
-                for stage in ordered(record.stage for record in ran)]
+        rows = [
+            (stage, [_cell(cells.get((stage, device)), reasons) for device in devices])
+            for stage in ordered(record.stage for record in ran)
+        ]
         return cls(devices, rows, reasons)
 
 
 def to_json(value: Any, indent: int | None = None) -> str:
     """Strict JSON, which any program parses: a non-finite figure (a NaN loss) is the string "nan", "inf" or "-inf"
     (Python's json would write NaN, which JSON has not)."""
+
     def finite(item: Any) -> Any:
         if isinstance(item, float) and not math.isfinite(item):
             return str(item)
@@ -114,9 +117,7 @@ class PipelineReport:
         facts = facts_of(report)
         if not facts:
             return
-        record = self._records.setdefault(
-            report.nodeid, ItemRecord(facts["script"], facts["stage"], facts["device"])
-        )
+        record = self._records.setdefault(report.nodeid, ItemRecord(facts["script"], facts["stage"], facts["device"]))
         record.duration += report.duration
         record.blocked = record.blocked or bool(facts.get("blocked"))
         record.unavailable = record.unavailable or bool(facts.get("unavailable"))
@@ -139,8 +140,9 @@ class PipelineReport:
 
     def unexplained(self) -> list[ItemRecord]:
         """Failures shown with the library's own error only, which the table of explanations should learn."""
-        return [record for record in self._records.values()
-                if record.unexplained and record.outcome in ("failed", "error")]
+        return [
+            record for record in self._records.values() if record.unexplained and record.outcome in ("failed", "error")
+        ]
 
     def by_script(self) -> dict[str, list[ItemRecord]]:
         scripts: dict[str, list[ItemRecord]] = {}
@@ -201,16 +203,22 @@ class PipelineReport:
                     fix = f"  \nfix: {record.fix}" if record.fix else ""
                     parts.append(f"\n**{record.name}**: {record.diagnosis}{fix}")
             data = to_json([_plain(record) for record in records], indent=1)
-            parts.append(f"\n<details><summary>pytest-trainer data (JSON)</summary>\n\n```json\n{data}\n```\n\n"
-                         "</details>\n")
+            parts.append(
+                f"\n<details><summary>pytest-trainer data (JSON)</summary>\n\n```json\n{data}\n```\n\n</details>\n"
+            )
         return "\n".join(parts) + "\n"
 
 
 #: A line of the terminal section: pieces of text, each with its pytest markup ({"red": True}, ...).
 Line = list[tuple[str, dict[str, bool]]]
 
-_MARKUP = {"passed": {"green": True}, "failed": {"red": True, "bold": True}, "error": {"red": True, "bold": True},
-           "skipped": {"yellow": True}, "not run": {"yellow": True}}
+_MARKUP = {
+    "passed": {"green": True},
+    "failed": {"red": True, "bold": True},
+    "error": {"red": True, "bold": True},
+    "skipped": {"yellow": True},
+    "not run": {"yellow": True},
+}
 
 
 def _table(grid: Grid) -> list[Line]:
@@ -269,12 +277,20 @@ def _cost_lines(records: list[ItemRecord]) -> list[Line]:
     for record in records:
         setting = OPT_IN.get(record.stage)
         if setting and record.ran and record.outcome != "skipped":
-            lines.append([(f"  {record.name} took {record.duration:.1f} s", {"bold": True}),
-                          (f" (opt-in: --trainer-{setting.replace('_', '-')})", {})])
+            lines.append(
+                [
+                    (f"  {record.name} took {record.duration:.1f} s", {"bold": True}),
+                    (f" (opt-in: --trainer-{setting.replace('_', '-')})", {}),
+                ]
+            )
         sampling = record.figures.get(SECONDS_FIGURE)
         if sampling:
-            lines.append([(f"  sampling completions took {sampling:.1f} s", {"bold": True}),
-                          (f" (generation and reward functions, once for every item; in {record.name})", {})])
+            lines.append(
+                [
+                    (f"  sampling completions took {sampling:.1f} s", {"bold": True}),
+                    (f" (generation and reward functions, once for every item; in {record.name})", {}),
+                ]
+            )
     return lines
 
 
@@ -284,8 +300,9 @@ def _skipped_lines(ran: list[ItemRecord]) -> list[Line]:
     for record in ran:
         if record.outcome == "skipped":
             by_reason.setdefault(record.reason, []).append(record.name)
-    return [[("  skipped ", {"yellow": True}), (f"{', '.join(names)}: {reason}", {})]
-            for reason, names in by_reason.items()]
+    return [
+        [("  skipped ", {"yellow": True}), (f"{', '.join(names)}: {reason}", {})] for reason, names in by_reason.items()
+    ]
 
 
 def count(number: int, noun: str) -> str:
@@ -294,16 +311,22 @@ def count(number: int, noun: str) -> str:
 
 def _unexplained_line(names: list[str]) -> str:
     failures = "failure" if len(names) == 1 else "failures"
-    return (f"{len(names)} {failures} shown with the library's own error only (not yet explained by pytest-trainer): "
-            + " ".join(names))
+    return (
+        f"{len(names)} {failures} shown with the library's own error only (not yet explained by pytest-trainer): "
+        + " ".join(names)
+    )
 
 
 def _all_passed_line(ran: list[ItemRecord]) -> Line:
     passed = sum(record.outcome == "passed" for record in ran)
     if not passed:
         return [("no item ran", {"yellow": True})]
-    return [(f"all {count(passed, 'item')} that ran passed" if passed != 1 else "the 1 item that ran passed",
-             {"green": True})]
+    return [
+        (
+            f"all {count(passed, 'item')} that ran passed" if passed != 1 else "the 1 item that ran passed",
+            {"green": True},
+        )
+    ]
 
 
 def _plain(record: ItemRecord) -> dict[str, Any]:
@@ -315,9 +338,20 @@ def changed_notes(records: list[ItemRecord]) -> list[str]:
     """How the pipeline was run differently from the script (its precision or vLLM on a machine without a GPU), what
     it put back in the user's tree, the baselines it recorded, and what the libraries warned of while the script built
     its Trainer: said once per script."""
-    return ordered(note for record in records for note in record.notes
-                    if note.startswith(("precision:", "not exercised:", "put back:", "baseline:",
-                                        "the libraries said while the Trainer was built:")))
+    return ordered(
+        note
+        for record in records
+        for note in record.notes
+        if note.startswith(
+            (
+                "precision:",
+                "not exercised:",
+                "put back:",
+                "baseline:",
+                "the libraries said while the Trainer was built:",
+            )
+        )
+    )
 
 
 def ordered(values: Iterable[str]) -> list[str]:

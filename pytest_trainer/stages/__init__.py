@@ -37,8 +37,10 @@ def registry() -> dict[str, Stage]:
     for stage in ordered:
         wrong = [need for need in stage.needs if need not in by_name or by_name[need].rank >= stage.rank]
         if len(by_name) != len(ordered) or wrong:
-            raise RuntimeError(f"stage {stage.name!r} is declared with needs {wrong} that are not stages of a lower "
-                               "rank (or two stages share a name)")
+            raise RuntimeError(
+                f"stage {stage.name!r} is declared with needs {wrong} that are not stages of a lower "
+                "rank (or two stages share a name)"
+            )
     return by_name
 
 
@@ -158,9 +160,7 @@ class TrainerStage:
                 _explained(self.declared, pipeline, "cpu")
             except diagnosis.PipelineFailure as failure:
                 replayed = [*failure.details, "(found by replaying the failed CUDA step on the CPU)"]
-                raise type(failure)(failure.cause, failure.fix, replayed) from (
-                    failure.__cause__ or cuda_error
-                )
+                raise type(failure)(failure.cause, failure.fix, replayed) from (failure.__cause__ or cuda_error)
             raise _user_failure(cuda_error, pipeline, self.stage) from cuda_error
 
 

@@ -52,21 +52,31 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     spare = [name for name in missing if not _adapter(name)]
     if spare and _ddp_finds_unused(pipeline) and not set(spare) & _embedding_names(model):
         missing = [name for name in missing if name not in spare]
-        notes.append(f"{len(spare)} trainable parameters get no gradient from the loss, so they do not train: "
-                     f"{_names(spare)} (DistributedDataParallel skips them: find_unused_parameters is on)")
+        notes.append(
+            f"{len(spare)} trainable parameters get no gradient from the loss, so they do not train: "
+            f"{_names(spare)} (DistributedDataParallel skips them: find_unused_parameters is on)"
+        )
     # What follows leaves one process training: findings, which block no later stage and are reported together.
-    findings = [found for found in (
-        _unused(missing, len(trainable)),
-        check_added_tokens(pipeline, model, batch),
-        check_new_heads(pipeline, model),
-        check_accumulation(pipeline, model, device),
-    ) if found is not None]
+    findings = [
+        found
+        for found in (
+            _unused(missing, len(trainable)),
+            check_added_tokens(pipeline, model, batch),
+            check_new_heads(pipeline, model),
+            check_accumulation(pipeline, model, device),
+        )
+        if found is not None
+    ]
     if findings:
         raise diagnosis.together(findings)
     notes.insert(0, f"trainable: {trainable_parts([name for name, _ in trainable])}")
     norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gradients.values()])))
     return StageResult(
-        "backward", device, batch=batch, loss=value, gradients=gradients,
+        "backward",
+        device,
+        batch=batch,
+        loss=value,
+        gradients=gradients,
         figures={"gradient_norm": norm, "trainable_parameters": float(sum(p.numel() for _, p in trainable))},
         notes=notes,
     )
@@ -111,11 +121,15 @@ def trainable_parts(names: list[str]) -> str:
     import re
 
     adapters_in = sorted({match.group(1) for name in names if (match := re.search(r"([^.]+)\.lora_", name))})
-    saved = sorted({name.split(".modules_to_save")[0].rsplit(".", 1)[-1]
-                    for name in names if ".modules_to_save." in name})
+    saved = sorted(
+        {name.split(".modules_to_save")[0].rsplit(".", 1)[-1] for name in names if ".modules_to_save." in name}
+    )
     tokens = [name for name in names if "trainable_tokens" in name]
-    other = [name for name in names if "lora_" not in name and ".modules_to_save." not in name
-             and "trainable_tokens" not in name]
+    other = [
+        name
+        for name in names
+        if "lora_" not in name and ".modules_to_save." not in name and "trainable_tokens" not in name
+    ]
     parts = [f"LoRA adapters on {', '.join(adapters_in)}"] if adapters_in else []
     parts += [f"modules_to_save {', '.join(saved)}"] if saved else []
     parts += [f"trainable token rows ({len(tokens)} tensors)"] if tokens else []
@@ -128,8 +142,9 @@ def _inside_checkpoints(names: list[str]) -> bool:
     return any("lora_" in name or ".layers." in name or ".layer." in name or ".h." in name for name in names)
 
 
-def _checkpointed_inputs(pipeline: Pipeline, count: int, total: int, names: list[str] | None = None
-                         ) -> diagnosis.PipelineFailure:
+def _checkpointed_inputs(
+    pipeline: Pipeline, count: int, total: int, names: list[str] | None = None
+) -> diagnosis.PipelineFailure:
     shown = f": {_names(names)}" if names else " (the loss has no grad_fn)"
     return diagnosis.PipelineFailure(
         f"{count} of {total} trainable parameters get no gradient from the loss{shown}: under "
@@ -160,7 +175,7 @@ def check_added_tokens(pipeline: Pipeline, model: Any, batch: dict[str, Any]) ->
         "cannot change: the input embedding is frozen (LoRA trains adapters only), so the model never learns "
         "what they mean",
         f"let them train: LoraConfig(..., trainable_token_indices={used}) or "
-        "LoraConfig(..., modules_to_save=[\"embed_tokens\", \"lm_head\"]) (the module names of your model)",
+        'LoraConfig(..., modules_to_save=["embed_tokens", "lm_head"]) (the module names of your model)',
     )
 
 
@@ -172,7 +187,7 @@ def _unused(missing: list[str], total: int) -> diagnosis.Finding | None:
         "if they should not train, freeze them (requires_grad=False); otherwise look for .detach(), "
         "torch.no_grad() or a branch of forward() that leaves them out of the loss. If they must stay unused, "
         "set ddp_find_unused_parameters=True: on several GPUs, DistributedDataParallel otherwise stops at the "
-        "second step with \"Expected to have finished reduction in the prior iteration\"",
+        'second step with "Expected to have finished reduction in the prior iteration"',
     )
 
 
@@ -182,8 +197,12 @@ def check_new_heads(pipeline: Pipeline, model: Any) -> diagnosis.Finding | None:
     if found is None:
         return None
     heads, why = found
-    count = sum(parameter.numel() for name, module in model_facts.base_model(model).named_children() if name in heads
-                for parameter in module.parameters())
+    count = sum(
+        parameter.numel()
+        for name, module in model_facts.base_model(model).named_children()
+        if name in heads
+        for parameter in module.parameters()
+    )
     lora = " (PEFT trains its adapters only)" if getattr(model, "peft_config", None) else ""
     return diagnosis.Finding(
         f"the head {', '.join(heads)} ({count} parameters) is newly initialised ({why}) but frozen{lora}: it keeps "

@@ -57,8 +57,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if pipeline.settings.baseline_update or not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render(current))
-        result.notes.append(f"baseline: recorded {len(current)} figures to {path}: commit it, so that later runs "
-                            "compare against it")
+        result.notes.append(
+            f"baseline: recorded {len(current)} figures to {path}: commit it, so that later runs compare against it"
+        )
         return result
     moved = compare(parse(path.read_text()), current)
     if moved:

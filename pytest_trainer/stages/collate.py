@@ -34,20 +34,29 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     fed_checks.check_batch_tokens(pipeline, batch)
     on_device = pipeline.batches.on(device)
     main = batch.get(pipeline.task.sequence or "")
-    sizes = [len(value) for value in ([main] if torch.is_tensor(main) else batch.values())
-             if torch.is_tensor(value) and value.dim() > 0]
+    sizes = [
+        len(value)
+        for value in ([main] if torch.is_tensor(main) else batch.values())
+        if torch.is_tensor(value) and value.dim() > 0
+    ]
     result = StageResult("collate", device, batch=on_device, figures={"batch_size": float(max(sizes, default=0))})
     from pytest_trainer.report import pictures
 
     try:  # a picture for the reports: a tokenizer that cannot show its tokens fails nothing
         result.pictures["rows"] = pictures.batch_rows(pipeline, batch)
     except Exception as error:
-        result.notes.append(f"the rows of the batch are not drawn: the tokenizer could not show them "
-                            f"({type(error).__name__}: {error})")
+        result.notes.append(
+            f"the rows of the batch are not drawn: the tokenizer could not show them ({type(error).__name__}: {error})"
+        )
     if loose:
         result.notes.append(f"values passed on as they are (not tensors): {', '.join(sorted(loose))}")
-    diagnosis.findings_last([lambda: check_target_padding(pipeline, batch), lambda: check_start_token(pipeline, batch),
-                             lambda: _raise(check_masked_targets(pipeline, batch))])
+    diagnosis.findings_last(
+        [
+            lambda: check_target_padding(pipeline, batch),
+            lambda: check_start_token(pipeline, batch),
+            lambda: _raise(check_masked_targets(pipeline, batch)),
+        ]
+    )
     return result
 
 
@@ -84,8 +93,12 @@ def check_start_token(pipeline: Pipeline, batch: dict) -> None:
 
     labels = batch.get("labels")
     start = decoder_start(pipeline.model)
-    if pipeline.task.labels != tasks.DECODER_TARGETS or start is None or not torch.is_tensor(labels) \
-            or labels.dim() != 2:
+    if (
+        pipeline.task.labels != tasks.DECODER_TARGETS
+        or start is None
+        or not torch.is_tensor(labels)
+        or labels.dim() != 2
+    ):
         return
     supervised = labels != tasks.IGNORE_INDEX
     rows = supervised.any(dim=1)
@@ -133,8 +146,13 @@ def check_masked_targets(pipeline: Pipeline, batch: dict) -> diagnosis.Finding |
 
     task = pipeline.task
     labels, ids = batch.get("labels"), batch.get(task.sequence or "")
-    if task.labels != tasks.TOKEN_IDS or task.shifts_labels or not torch.is_tensor(labels) \
-            or not torch.is_tensor(ids) or labels.shape != ids.shape:
+    if (
+        task.labels != tasks.TOKEN_IDS
+        or task.shifts_labels
+        or not torch.is_tensor(labels)
+        or not torch.is_tensor(ids)
+        or labels.shape != ids.shape
+    ):
         return None
     supervised = labels != tasks.IGNORE_INDEX
     mask = batch.get("attention_mask")
@@ -145,8 +163,11 @@ def check_masked_targets(pipeline: Pipeline, batch: dict) -> diagnosis.Finding |
         return None
     collator = pipeline.trainer.data_collator
     copies = getattr(collator, "mlm", True) is False
-    made = f"{type(collator).__name__}(mlm=False) copies input_ids into labels" if copies else \
-        "the labels are a copy of input_ids"
+    made = (
+        f"{type(collator).__name__}(mlm=False) copies input_ids into labels"
+        if copies
+        else "the labels are a copy of input_ids"
+    )
     return diagnosis.Finding(
         f"a masked language model ({type(model_facts.base_model(pipeline.model)).__name__}) is trained on unmasked "
         f"labels: {made}, so in the first batch all {count} supervised tokens are the input tokens themselves and none "

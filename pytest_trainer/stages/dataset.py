@@ -21,10 +21,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     split = pipeline.training
     notes: list[str] = []
-    table = fed_checks.check_split(pipeline, split, lambda: fed_checks.check_labels_present(pipeline, split.table),
-                                    lambda: fed_checks.check_labels_vary(pipeline, split),
-                                    lambda: notes.extend(pipeline.family.check_training(pipeline.trainer, split)),
-                                    lambda: notes.extend(_overlaps(pipeline)))
+    table = fed_checks.check_split(
+        pipeline,
+        split,
+        lambda: fed_checks.check_labels_present(pipeline, split.table),
+        lambda: fed_checks.check_labels_vary(pipeline, split),
+        lambda: notes.extend(pipeline.family.check_training(pipeline.trainer, split)),
+        lambda: notes.extend(_overlaps(pipeline)),
+    )
     result = StageResult("dataset", device, figures={"rows_training": float(table.num_rows)})
     result.notes.append(f"task: {pipeline.task.name}")
     result.notes.extend(notes)

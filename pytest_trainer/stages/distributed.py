@@ -2,10 +2,11 @@
 
 The script runs again in N fresh interpreters started by torch.distributed.run, the engine users run (gloo on the
 CPU, NCCL on GPUs), and each rank trains a few steps through the Trainer's own train() (its DDP wrapper, gradient
-checkpointing and find_unused_parameters as it sets them), evaluates once and saves one checkpoint (`distributed.rank`). What
-only exists with several processes is then judged (`distributed.judges`): DDP's errors, ranks that build different data,
-train on the same rows, drift apart or hang, an evaluation that miscounts rows, files written twice, a checkpoint
-that does not reload, and, where FSDP is asked for, a state dict that does not survive sharding.
+checkpointing and find_unused_parameters as it sets them), evaluates once and saves one checkpoint
+(`distributed.rank`). What only exists with several processes is then judged (`distributed.judges`): DDP's errors,
+ranks that build different data, train on the same rows, drift apart or hang, an evaluation that miscounts rows,
+files written twice, a checkpoint that does not reload, and, where FSDP is asked for, a state dict that does not
+survive sharding.
 """
 
 from __future__ import annotations
@@ -34,11 +35,15 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     count = pipeline.settings.processes
     if pipeline.script is None:
-        pytest.skip("distributed runs a script in new processes: a Trainer from a `trainer` fixture has none "
-                    "(give the marker module=)")
+        pytest.skip(
+            "distributed runs a script in new processes: a Trainer from a `trainer` fixture has none "
+            "(give the marker module=)"
+        )
     if device == "cuda" and torch.cuda.device_count() < count:
-        pytest.skip(f"distributed[cuda] needs {count} GPUs (one per process, NCCL); this machine has "
-                    f"{torch.cuda.device_count()}")
+        pytest.skip(
+            f"distributed[cuda] needs {count} GPUs (one per process, NCCL); this machine has "
+            f"{torch.cuda.device_count()}"
+        )
     args, model = pipeline.trainer.args, pipeline.model
     result = StageResult("distributed", device)
     backend = "gloo" if device == "cpu" else "nccl"
@@ -46,9 +51,18 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     layers, unexercised, wrong = _engines(args, pipeline.asked_fsdp, model, device)
     result.notes.extend(f"not exercised: {line}" for line in unexercised)
     with tempfile.TemporaryDirectory(prefix="pytest-trainer-ranks-") as folder:
-        job = processes.Job(pipeline.script, pipeline.settings.script_args, pipeline.factory,
-                            pipeline.settings.sample, pipeline.settings.batch_size, count, device, STEPS,
-                            Path(folder), layers)
+        job = processes.Job(
+            pipeline.script,
+            pipeline.settings.script_args,
+            pipeline.factory,
+            pipeline.settings.sample,
+            pipeline.settings.batch_size,
+            count,
+            device,
+            STEPS,
+            Path(folder),
+            layers,
+        )
         job.folder.mkdir(exist_ok=True)
         torch.save(pipeline.batches.on("cpu"), job.batch)
         timeout = pipeline.settings.timeout * SHARE if pipeline.settings.timeout else TIMEOUT
@@ -73,31 +87,40 @@ def _also(failure: diagnosis.TrainerError, other: diagnosis.Finding | None) -> d
     return type(failure)(failure.cause, failure.fix, [*failure.details, f"also: {other.cause}", f"  fix: {other.fix}"])
 
 
-def _engines(args: object, fsdp: dict[str, Any] | None, model: object,
-             device: str) -> tuple[list[str] | None, list[str], diagnosis.Finding | None]:
+def _engines(
+    args: object, fsdp: dict[str, Any] | None, model: object, device: str
+) -> tuple[list[str] | None, list[str], diagnosis.Finding | None]:
     """The layer classes to shard where the script asks for FSDP (None: it does not), what will not be run as the
     script asks, and the finding where FSDP names layer classes the model does not have (accelerate stops there on
     GPUs)."""
     unexercised: list[str] = []
     if getattr(args, "deepspeed", None):
-        unexercised.append("the script asks for DeepSpeed; this run trains with DDP, so DeepSpeed's ZeRO sharding, "
-                           "offload and its checkpoints are not exercised")
+        unexercised.append(
+            "the script asks for DeepSpeed; this run trains with DDP, so DeepSpeed's ZeRO sharding, "
+            "offload and its checkpoints are not exercised"
+        )
     if fsdp is None:
         return None, unexercised, None
     if device == "cpu":
-        unexercised.append("the script asks for FSDP; accelerate sets FSDP up on GPUs only, so on the CPU the Trainer "
-                           "trains with DDP; FSDP's state dict is checked through fully_shard on gloo")
+        unexercised.append(
+            "the script asks for FSDP; accelerate sets FSDP up on GPUs only, so on the CPU the Trainer "
+            "trains with DDP; FSDP's state dict is checked through fully_shard on gloo"
+        )
     layers = sharding.layers_to_wrap(fsdp, model)
     missing = [name for name in layers if name not in sharding.classes_in(model)]
     if not missing:
         return layers, unexercised, None
     present = sorted(sharding.classes_in(model) & set(getattr(model, "_no_split_modules", None) or []))
     kept = [name for name in layers if name not in missing]
-    return kept, unexercised, diagnosis.Finding(
-        f"fsdp_config's transformer_layer_cls_to_wrap names {', '.join(missing)}, which {type(model).__name__} "
-        "does not have: on GPUs accelerate stops with \"Could not find the transformer layer class ... in the "
-        "model\"",
-        f"name the model's own layer class: transformer_layer_cls_to_wrap={present or ['<the decoder layer>']}",
+    return (
+        kept,
+        unexercised,
+        diagnosis.Finding(
+            f"fsdp_config's transformer_layer_cls_to_wrap names {', '.join(missing)}, which {type(model).__name__} "
+            'does not have: on GPUs accelerate stops with "Could not find the transformer layer class ... in the '
+            'model"',
+            f"name the model's own layer class: transformer_layer_cls_to_wrap={present or ['<the decoder layer>']}",
+        ),
     )
 
 

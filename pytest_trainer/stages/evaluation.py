@@ -34,8 +34,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         fed_checks.check_split(pipeline, split)
         metrics, loss = _evaluate(pipeline, device, split)
         result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
-        returned.append(metric_settings.Evaluated("eval" if split.key is None else f"eval_{split.key}", loss,
-                                                   tuple(metrics)))
+        returned.append(
+            metric_settings.Evaluated("eval" if split.key is None else f"eval_{split.key}", loss, tuple(metrics))
+        )
     # The evaluator the trainer runs beside its eval loss (sentence-transformers'), after the splits' own checks.
     model = pipeline.model_on(device)
     model.eval()
@@ -55,9 +56,13 @@ def _check_settings(pipeline: Pipeline, splits: list[metric_settings.Evaluated],
     trainer = pipeline.trainer
     names = [split.prefix.removeprefix("eval_") for split in splits if split.prefix != "eval"]
     return metric_settings.check(
-        trainer.args, list(getattr(getattr(trainer, "callback_handler", None), "callbacks", [])),
-        metric_settings.returned(splits, logged), splits=names,
-        computes_metrics=trainer.compute_metrics is not None, unknown=_own_metrics(trainer))
+        trainer.args,
+        list(getattr(getattr(trainer, "callback_handler", None), "callbacks", [])),
+        metric_settings.returned(splits, logged),
+        splits=names,
+        computes_metrics=trainer.compute_metrics is not None,
+        unknown=_own_metrics(trainer),
+    )
 
 
 def _logged(trainer: Any) -> list[str]:
@@ -105,14 +110,14 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> tuple[dict[str, 
             with diagnosis.pipeline_part("preprocess_logits_for_metrics"):
                 logits = trainer.preprocess_logits_for_metrics(logits, label_ids)
         if logits is not None:
-            predictions = logits if predictions is None else \
-                nested_concat(predictions, logits, padding_index=IGNORE_INDEX)
+            predictions = (
+                logits if predictions is None else nested_concat(predictions, logits, padding_index=IGNORE_INDEX)
+            )
         if label_ids is not None:
             labels = label_ids if labels is None else nested_concat(labels, label_ids, padding_index=IGNORE_INDEX)
     if trainer.compute_metrics is None or predictions is None or labels is None:
         return {}, loss  # as the Trainer's evaluation loop: compute_metrics is called with predictions and labels
-    prediction = EvalPrediction(predictions=nested_numpify(predictions),
-                                label_ids=nested_numpify(labels) if labels is not None else None)  # type: ignore[arg-type]
+    prediction = EvalPrediction(predictions=nested_numpify(predictions), label_ids=nested_numpify(labels))
     try:
         metrics = trainer.compute_metrics(prediction)
     except Exception as error:
@@ -147,8 +152,9 @@ def _holds_ignore_index(prediction: Any) -> bool:
 
     parts = [prediction.label_ids, prediction.predictions]
     arrays = [item for part in parts for item in (part if isinstance(part, (tuple, list)) else [part])]
-    return any(isinstance(item, np.ndarray) and item.dtype.kind in "iu" and (item == IGNORE_INDEX).any()
-               for item in arrays)
+    return any(
+        isinstance(item, np.ndarray) and item.dtype.kind in "iu" and (item == IGNORE_INDEX).any() for item in arrays
+    )
 
 
 def _finite_number(value: Any) -> bool:

@@ -25,8 +25,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result.notes.extend(notes)
     classes = pipeline.task.classes
     if classes:
-        result.notes.append(f"loss at init {value:.3f}; a fresh {classes}-class head gives about ln {classes} = "
-                            f"{math.log(classes):.3f}")
+        result.notes.append(
+            f"loss at init {value:.3f}; a fresh {classes}-class head gives about ln {classes} = {math.log(classes):.3f}"
+        )
     from pytest_trainer.asked import packing
 
     checkpointing = bool(getattr(pipeline.trainer.args, "gradient_checkpointing", False))
@@ -49,8 +50,9 @@ def _unmarked_documents(pipeline: Pipeline, model: Any, device: str) -> str | No
     if len(found) != 1 or fed_data.packed(found[0][1], len(found[0][0])) is None:
         return None
     samples, batch, stored = found[0]
-    conversations = any(isinstance(row, dict) and (row.get("messages") or row.get("completion")) for row in stored) \
-        or any(_answers_a_prompt(sample) for sample in samples)
+    conversations = any(
+        isinstance(row, dict) and (row.get("messages") or row.get("completion")) for row in stored
+    ) or any(_answers_a_prompt(sample) for sample in samples)
     return packing.check_unmarked_documents(model, samples, fed_data.moved(batch, device), conversations)
 
 
@@ -61,5 +63,9 @@ def _answers_a_prompt(sample: dict[str, Any]) -> bool:
     """Whether a sample's labels leave a prompt out (-100 first, then trained tokens): an example of its own."""
     labels: Any = sample.get("labels")
     listed = labels.tolist() if hasattr(labels, "tolist") else labels
-    return isinstance(listed, list) and len(listed) > 1 and listed[0] == -100 and any(
-        label != -100 for label in listed if isinstance(label, int))
+    return (
+        isinstance(listed, list)
+        and len(listed) > 1
+        and listed[0] == -100
+        and any(label != -100 for label in listed if isinstance(label, int))
+    )

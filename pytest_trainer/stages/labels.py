@@ -33,8 +33,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     domain = strategies.label_domain(pipeline)
     column = pipeline.label_column(pipeline.training.table)
     if pipeline.training.opaque and column is None:
-        pytest.skip(f"the training samples cannot be read as columns ({', '.join(pipeline.training.opaque)}): "
-                    "their labels are out of the plugin's reach")
+        pytest.skip(
+            f"the training samples cannot be read as columns ({', '.join(pipeline.training.opaque)}): "
+            "their labels are out of the plugin's reach"
+        )
     if domain is None or column is None:
         pytest.skip("the training data has no labels to vary (the collator or the loss makes its own)")
     check_domain_fits_head(pipeline, domain)
@@ -63,15 +65,20 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         size = max(1, int(pipeline.trainer.args.train_batch_size))  # batches as large as training's
         try:
             for start in range(0, len(examples), size):
-                loss_of(examples[start:start + size])
+                loss_of(examples[start : start + size])
         except Exception as error:
             if not diagnosis.owned_by_pipeline(error):
                 raise
             return False
         return True
 
-    search(st.tuples(strategies.label_values(pipeline), strategies.rows(pipeline)), accepts,
-           f"{pipeline.name}::labels[{device}]", pipeline.settings.examples, all_accepted)
+    search(
+        st.tuples(strategies.label_values(pipeline), strategies.rows(pipeline)),
+        accepts,
+        f"{pipeline.name}::labels[{device}]",
+        pipeline.settings.examples,
+        all_accepted,
+    )
     return StageResult("labels", device, figures={"label_values": float(len(domain.values))})
 
 
@@ -82,8 +89,14 @@ def check_domain_fits_head(pipeline: Pipeline, domain: strategies.LabelDomain) -
         return
     high = max(domain.values)
     if high >= width:
-        raise diagnosis.labels_beyond_head(min(domain.values), high, width, f", from {domain.source}",
-                                           pipeline.task.auto_class, model_facts.built_from_config(pipeline.model))
+        raise diagnosis.labels_beyond_head(
+            min(domain.values),
+            high,
+            width,
+            f", from {domain.source}",
+            pipeline.task.auto_class,
+            model_facts.built_from_config(pipeline.model),
+        )
     id2label = getattr(pipeline.model.config, "id2label", None) or {}
     if id2label and len(id2label) != width:
         raise diagnosis.PipelineFailure(
@@ -99,8 +112,9 @@ def _relabel(current: Any, value: Any) -> Any:
     return value
 
 
-def _rejected(pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, row: int,
-              error: Exception) -> diagnosis.PipelineFailure:
+def _rejected(
+    pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, row: int, error: Exception
+) -> diagnosis.PipelineFailure:
     from pytest_trainer.explanations import pipeline_rows
 
     explained = pipeline_rows.explain(error, pipeline)
@@ -113,7 +127,8 @@ def _rejected(pipeline: Pipeline, domain: strategies.LabelDomain, value: Any, ro
         f"label {value!r} of the domain {domain.describe()} is rejected by the loss on row {row}: "
         f"the model's head has {width} outputs ({type(error).__name__}: {message.splitlines()[0] if message else ''})",
         f"build the model with num_labels={max(domain.values) + 1} (classes 0..{max(domain.values)})"
-        if all(isinstance(v, int) for v in domain.values) else "make the labels fit the model's head",
+        if all(isinstance(v, int) for v in domain.values)
+        else "make the labels fit the model's head",
     )
 
 

@@ -57,8 +57,12 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 [f"shortest failing row as text: {text!r}"] if text else [],
             ) from error
 
-    search(strategies.batches(pipeline, max_rows=1), fits, f"{pipeline.name}::lengths[{device}]",
-           pipeline.settings.examples)
+    search(
+        strategies.batches(pipeline, max_rows=1),
+        fits,
+        f"{pipeline.name}::lengths[{device}]",
+        pipeline.settings.examples,
+    )
     limit = model_facts.position_limit(pipeline.model)
     notes = [risk] if risk else []
     if limit is None:
@@ -78,8 +82,10 @@ def check_truncation_length(pipeline: Pipeline) -> str | None:
     if limit is None or not isinstance(cap, int) or cap <= limit:
         return None
     if cap >= UNSET_MAX_LENGTH:
-        return (f"the tokenizer has no model_max_length: every training row fits the model's {limit} positions, "
-                f"but truncation=True without max_length would not cut a longer text to fit")
+        return (
+            f"the tokenizer has no model_max_length: every training row fits the model's {limit} positions, "
+            f"but truncation=True without max_length would not cut a longer text to fit"
+        )
     raise diagnosis.PipelineFailure(
         f"the tokenizer's model_max_length is {cap} but the model has {limit} positions: truncation=True "
         f"does not cut long texts to fit, and the first one longer than {limit} tokens crashes training",

@@ -18,10 +18,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     trainer, model = pipeline.trainer, pipeline.model
     parameters = list(model.parameters())
     trainable = sum(parameter.numel() for parameter in parameters if parameter.requires_grad)
-    result = StageResult("load", device, figures={
-        "parameters": float(sum(parameter.numel() for parameter in parameters)),
-        "trainable_parameters": float(trainable),
-    })
+    result = StageResult(
+        "load",
+        device,
+        figures={
+            "parameters": float(sum(parameter.numel() for parameter in parameters)),
+            "trainable_parameters": float(trainable),
+        },
+    )
     result.notes.append(f"{type(trainer).__name__} of {type(model).__name__}")
     return result
 

@@ -37,43 +37,64 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     mixed = pipeline.precision()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed or "")
     step = memory_forecast.training_step(pipeline, model, batch, dtype)
-    at = f"per_device_train_batch_size={per_device}" + (f" and the longest sequence of the data ({length} tokens)"
-                                                   if length else "")
-    result.figures.update({"train_step_gib": step.peak / GIB, "sequence_length": float(length),
-                           **{f"{'_'.join(part.split())}_gib": value / GIB for part, value in step.parts.items()}})
-    result.notes.append(f"one training step at {at}{f' in {mixed}' if mixed else ''}: about {step.describe()}, "
-                        f"from {step.how}")
+    at = f"per_device_train_batch_size={per_device}" + (
+        f" and the longest sequence of the data ({length} tokens)" if length else ""
+    )
+    result.figures.update(
+        {
+            "train_step_gib": step.peak / GIB,
+            "sequence_length": float(length),
+            **{f"{'_'.join(part.split())}_gib": value / GIB for part, value in step.parts.items()},
+        }
+    )
+    result.notes.append(
+        f"one training step at {at}{f' in {mixed}' if mixed else ''}: about {step.describe()}, from {step.how}"
+    )
     budget = _budget(pipeline, device)
-    picture = result.pictures["memory"] = {"parts": {part: int(value) for part, value in step.parts.items()},
-                                           "peak": int(step.peak), "budget": int(budget) if budget else None}
+    picture = result.pictures["memory"] = {
+        "parts": {part: int(value) for part, value in step.parts.items()},
+        "peak": int(step.peak),
+        "budget": int(budget) if budget else None,
+    }
     if budget and step.peak > budget:
-        raise with_pictures(diagnosis.PipelineFailure(
-            f"one training step needs about {memory_forecast.size(step.peak)} at {at}, more than the "
-            f"{memory_forecast.size(budget)} of GPU memory: {step.describe()}",
-            "lower per_device_train_batch_size and raise gradient_accumulation_steps to keep the effective batch, "
-            "cap the sequence length (max_length), turn on gradient_checkpointing, train in bf16, or train "
-            "adapters (LoRA) instead of every weight",
-        ), result)
+        raise with_pictures(
+            diagnosis.PipelineFailure(
+                f"one training step needs about {memory_forecast.size(step.peak)} at {at}, more than the "
+                f"{memory_forecast.size(budget)} of GPU memory: {step.describe()}",
+                "lower per_device_train_batch_size and raise gradient_accumulation_steps to keep the effective batch, "
+                "cap the sequence length (max_length), turn on gradient_checkpointing, train in bf16, or train "
+                "adapters (LoRA) instead of every weight",
+            ),
+            result,
+        )
     evaluation = _evaluation(pipeline, model, step, device)
     if evaluation is not None:
         gathered, peak, rows, per_row = evaluation
         result.figures.update({"eval_gathered_gib": gathered / GIB, "eval_peak_gib": peak / GIB})
         picture["evaluation"] = {"gathered": int(gathered), "peak": int(peak), "rows": int(rows)}
-        result.notes.append(f"evaluation gathers {memory_forecast.size(per_row)} of predictions per row for compute_metrics "
-                            f"({rows} rows here: {memory_forecast.size(gathered)} on the GPU)")
+        result.notes.append(
+            f"evaluation gathers {memory_forecast.size(per_row)} of predictions per row for compute_metrics "
+            f"({rows} rows here: {memory_forecast.size(gathered)} on the GPU)"
+        )
         if budget and peak > budget:
-            raise with_pictures(diagnosis.PipelineFailure(
-                f"evaluation keeps the predictions of every row on the GPU for compute_metrics: {rows} rows x "
-                f"{memory_forecast.size(per_row)} = {memory_forecast.size(gathered)} beside the model and its optimizer state, "
-                f"{memory_forecast.size(peak)} in all, more than the {memory_forecast.size(budget)} of GPU memory",
-                "reduce the logits before they are gathered with preprocess_logits_for_metrics (e.g. return "
-                "logits.argmax(-1)), or set eval_accumulation_steps to move them to the CPU every few batches",
-            ), result)
+            raise with_pictures(
+                diagnosis.PipelineFailure(
+                    f"evaluation keeps the predictions of every row on the GPU for compute_metrics: {rows} rows x "
+                    f"{memory_forecast.size(per_row)} = {memory_forecast.size(gathered)} beside the model and its "
+                    "optimizer state, "
+                    f"{memory_forecast.size(peak)} in all, more than the {memory_forecast.size(budget)} of GPU memory",
+                    "reduce the logits before they are gathered with preprocess_logits_for_metrics (e.g. return "
+                    "logits.argmax(-1)), or set eval_accumulation_steps to move them to the CPU every few batches",
+                ),
+                result,
+            )
     if device == "cuda":
         measured = _measured_step(pipeline, model, batch, dtype)
         result.figures["train_step_measured_gib"] = measured / GIB
         picture["measured"] = int(measured)
-        result.notes.append(f"measured on this GPU: {memory_forecast.size(measured)} (forecast {memory_forecast.size(step.peak)})")
+        result.notes.append(
+            f"measured on this GPU: {memory_forecast.size(measured)} (forecast {memory_forecast.size(step.peak)})"
+        )
     if pipeline.settings.batch_size:
         result.notes.append("the batch size is the one --trainer-batch-size sets, not the script's")
     return result
@@ -106,8 +127,10 @@ def idle(pipeline: Pipeline) -> str | None:
     """Why the forecast has no budget to be held to on this machine, or None."""
     if _budget(pipeline, "cpu"):
         return None
-    return ("no GPU memory to forecast against: give the GiB of the GPU you train on with --trainer-gpu-memory=GIB "
-            "to check that a training step fits it (--trainer-stages=memory reports the forecast alone)")
+    return (
+        "no GPU memory to forecast against: give the GiB of the GPU you train on with --trainer-gpu-memory=GIB "
+        "to check that a training step fits it (--trainer-stages=memory reports the forecast alone)"
+    )
 
 
 def _budget(pipeline: Pipeline, device: str) -> int:
@@ -121,7 +144,9 @@ def _budget(pipeline: Pipeline, device: str) -> int:
     return 0
 
 
-def _evaluation(pipeline: Pipeline, model: Any, step: memory_forecast.Forecast, device: str) -> tuple[int, int, int, int] | None:
+def _evaluation(
+    pipeline: Pipeline, model: Any, step: memory_forecast.Forecast, device: str
+) -> tuple[int, int, int, int] | None:
     """(bytes gathered, peak bytes, rows, bytes per row) of an evaluation that gathers predictions, else None."""
     from pytest_trainer import memory_forecast
 
@@ -159,8 +184,9 @@ def _measured_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], dtype:
             training.one_step(pipeline.loss, model, batch, optimizer, None)
         torch.cuda.synchronize()
         resident = {id(t): t for t in [*model.parameters(), *model.buffers()] if t.is_cuda}
-        resident.update({id(t): t for state in optimizer.state.values() for t in state.values()
-                         if torch.is_tensor(t) and t.is_cuda})
+        resident.update(
+            {id(t): t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t) and t.is_cuda}
+        )
         held = sum(t.numel() * t.element_size() for t in resident.values())
         return held + int(torch.cuda.max_memory_allocated()) - before
 

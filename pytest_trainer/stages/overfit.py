@@ -60,8 +60,10 @@ class Attempt:
 
     def shown(self) -> str:
         curve = self.curve or [self.before]
-        return (f"{self.what} {self.before:.4g} -> {self.after:.4g} after {_steps(len(self.curve))} (train-mode loss: "
-                f"first {curve[0]:.4g}, lowest {min(curve):.4g}, last {curve[-1]:.4g}) at learning rate {self.rate:g}")
+        return (
+            f"{self.what} {self.before:.4g} -> {self.after:.4g} after {_steps(len(self.curve))} (train-mode loss: "
+            f"first {curve[0]:.4g}, lowest {min(curve):.4g}, last {curve[-1]:.4g}) at learning rate {self.rate:g}"
+        )
 
 
 def _steps(count: int) -> str:
@@ -72,20 +74,32 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result = StageResult("overfit", device, batch=pipeline.batches.on(device))
     first = _attempt(pipeline, device)
     result.notes.append(f"steps used the peak learning rate {first.rate:g}, without the schedule")
-    result.figures.update({"loss_before": first.before, "loss_after": first.after,
-                           "overfit_steps": float(len(first.curve)), "learning_rate": float(first.rate)})
+    result.figures.update(
+        {
+            "loss_before": first.before,
+            "loss_after": first.after,
+            "overfit_steps": float(len(first.curve)),
+            "learning_rate": float(first.rate),
+        }
+    )
     result.loss = first.after
     curve = result.pictures["loss_curve"] = {"what": first.what, "tries": [first.picture()]}
     if not first.finite:
-        raise with_pictures(diagnosis.PipelineFailure(
-            f"the loss became non-finite while overfitting one batch: {first.shown()}",
-            "lower learning_rate, keep gradient clipping on (max_grad_norm), and look for NaN inputs or labels",
-        ), result)
+        raise with_pictures(
+            diagnosis.PipelineFailure(
+                f"the loss became non-finite while overfitting one batch: {first.shown()}",
+                "lower learning_rate, keep gradient clipping on (max_grad_norm), and look for NaN inputs or labels",
+            ),
+            result,
+        )
     if first.after >= first.before * (1 + GROWTH):
-        raise with_pictures(diagnosis.PipelineFailure(
-            f"the loss grows instead of falling on one batch, so training diverges: {first.shown()}",
-            f"lower learning_rate (now {first.rate:g}): {model_facts.usual_learning_rates(pipeline.model)}",
-        ), result)
+        raise with_pictures(
+            diagnosis.PipelineFailure(
+                f"the loss grows instead of falling on one batch, so training diverges: {first.shown()}",
+                f"lower learning_rate (now {first.rate:g}): {model_facts.usual_learning_rates(pipeline.model)}",
+            ),
+            result,
+        )
     if first.learned:
         return result
     # Learning that is only slow (a small random model at a fine-tuning rate) is no defect: a faster rate tells
@@ -101,11 +115,15 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             return result
     cause = "no trainable parameter changed" if not first.moved else "the loss barely moves"
     tried = f", nor at {' or '.join(f'{first.rate * f:g}' for f in ESCALATION)}" if first.moved else ""
-    raise with_pictures(diagnosis.PipelineFailure(
-        f"the model does not learn one fixed batch ({cause}): {first.shown()}{tried}; expected a fall of {FALL:.1%}",
-        "check that the labels belong to the inputs, that the layers that should train are not frozen, "
-        f"and the learning rate ({first.rate:g})",
-    ), result)
+    raise with_pictures(
+        diagnosis.PipelineFailure(
+            f"the model does not learn one fixed batch ({cause}): {first.shown()}{tried}; "
+            f"expected a fall of {FALL:.1%}",
+            "check that the labels belong to the inputs, that the layers that should train are not frozen, "
+            f"and the learning rate ({first.rate:g})",
+        ),
+        result,
+    )
 
 
 def _attempt(pipeline: Pipeline, device: str, factor: float = 1.0) -> Attempt:

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 #: Largest difference allowed between padded and unpadded outputs, relative to the largest logit (at
 #: least 1): float32 noise between sequence lengths is far below it, leaked padding far above it.
 TOLERANCE = 1e-4
+
+
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
@@ -32,8 +34,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     if pipeline.family.padded_by_library:
         pipeline.model_on(device).eval()
-        return StageResult("padding", device, notes=[pipeline.family.check_padding(pipeline.trainer,
-                                                                                    pipeline.training) or ""])
+        return StageResult(
+            "padding", device, notes=[pipeline.family.check_padding(pipeline.trainer, pipeline.training) or ""]
+        )
     strategies.require_sequences(pipeline)
     model_input = pipeline.task.sequence or ""
     check_pad_token(pipeline)
@@ -85,8 +88,9 @@ def compare(pipeline: Pipeline, model: Any, batch: dict[str, Any], model_input: 
     real = _real_positions(padded, model_input, length, pipeline)
     task = pipeline.task
     alone = {
-        key: value[:, real] if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] == width
-        and task.along_sequence(key) else value
+        key: value[:, real]
+        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] == width and task.along_sequence(key)
+        else value
         for key, value in padded.items()
     }
     with torch.no_grad():
@@ -102,8 +106,15 @@ def compare(pipeline: Pipeline, model: Any, batch: dict[str, Any], model_input: 
     if padded_loss is not None and alone_loss is not None and has_targets(alone, pipeline.task):
         gap = abs(float(padded_loss) - float(alone_loss))
         if gap > model_facts.output_tolerance(model, TOLERANCE) * max(1.0, abs(float(alone_loss))):
-            raise _changed(pipeline, padded, model_input, row, length, width,
-                           f"the loss differs ({float(alone_loss):.5g} alone, {float(padded_loss):.5g} padded)")
+            raise _changed(
+                pipeline,
+                padded,
+                model_input,
+                row,
+                length,
+                width,
+                f"the loss differs ({float(alone_loss):.5g} alone, {float(padded_loss):.5g} padded)",
+            )
 
 
 def _real_positions(padded: dict[str, Any], model_input: str, length: int, pipeline: Pipeline) -> Any:
@@ -115,13 +126,14 @@ def _real_positions(padded: dict[str, Any], model_input: str, length: int, pipel
     width = padded[model_input].shape[1]
     left = getattr(getattr(pipeline.trainer, "processing_class", None), "padding_side", "right") == "left"
     positions = torch.zeros(width, dtype=torch.bool, device=padded[model_input].device)
-    positions[width - length:] = left
+    positions[width - length :] = left
     positions[:length] = not left
     return positions
 
 
-def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: int, length: int, width: int,
-             what: str) -> diagnosis.PipelineFailure:
+def _changed(
+    pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: int, length: int, width: int, what: str
+) -> diagnosis.PipelineFailure:
     mask = padded.get("attention_mask")
     text = pipeline.decoded(padded[model_input][0][mask[0].bool()].tolist() if mask is not None else [])
     cut = f"{length} token" if length == 1 else f"{length} tokens"
@@ -129,26 +141,46 @@ def _changed(pipeline: Pipeline, padded: dict[str, Any], model_input: str, row: 
     labels = padded.get("labels") if pipeline.task.along_sequence("labels") else None
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
     if "attention_mask" not in padded:
-        cause, fix = "the batch has no attention_mask, so the model attends to the padding", (
-            "return attention_mask from the tokenizer and keep it through the collator")
-    elif labels is not None and labels.dim() >= 2 and labels.shape[1] == width and bool(
-        (labels[0][padded["attention_mask"][0] == 0] != IGNORE_INDEX).any()
+        cause, fix = (
+            "the batch has no attention_mask, so the model attends to the padding",
+            ("return attention_mask from the tokenizer and keep it through the collator"),
+        )
+    elif (
+        labels is not None
+        and labels.dim() >= 2
+        and labels.shape[1] == width
+        and bool((labels[0][padded["attention_mask"][0] == 0] != IGNORE_INDEX).any())
     ):
         pad_labels = sorted({int(v) for v in labels[0][padded["attention_mask"][0] == 0].tolist()})
-        cause, fix = f"labels on padded positions are {pad_labels}, not -100, so the loss counts the padding", (
-            "pad labels with -100 (DataCollatorForTokenClassification and DataCollatorForSeq2Seq do, "
-            "label_pad_token_id=-100)")
-    elif getattr(tokenizer, "padding_side", "right") == "left" and what.startswith("the loss") \
-            and pipeline.task.shifts_labels:
-        cause, fix = ("the tokenizer pads on the left, so the first real token keeps its label and is predicted "
-                      "from a pad position: each padded row trains one more prediction, made without any context"), (
-            "pad on the right for training: tokenizer.padding_side = 'right' (left padding is for generation)")
+        cause, fix = (
+            f"labels on padded positions are {pad_labels}, not -100, so the loss counts the padding",
+            (
+                "pad labels with -100 (DataCollatorForTokenClassification and DataCollatorForSeq2Seq do, "
+                "label_pad_token_id=-100)"
+            ),
+        )
+    elif (
+        getattr(tokenizer, "padding_side", "right") == "left"
+        and what.startswith("the loss")
+        and pipeline.task.shifts_labels
+    ):
+        cause, fix = (
+            (
+                "the tokenizer pads on the left, so the first real token keeps its label and is predicted "
+                "from a pad position: each padded row trains one more prediction, made without any context"
+            ),
+            ("pad on the right for training: tokenizer.padding_side = 'right' (left padding is for generation)"),
+        )
     elif getattr(tokenizer, "padding_side", "right") == "left":
-        cause, fix = "the tokenizer pads on the left, which shifts this model's positions", (
-            "pad on the right for training: tokenizer.padding_side = 'right'")
+        cause, fix = (
+            "the tokenizer pads on the left, which shifts this model's positions",
+            ("pad on the right for training: tokenizer.padding_side = 'right'"),
+        )
     else:
-        cause, fix = "padding changes the model's outputs", (
-            "make padded positions invisible to the model (attention_mask) and to the loss (labels -100)")
+        cause, fix = (
+            "padding changes the model's outputs",
+            ("make padded positions invisible to the model (attention_mask) and to the loss (labels -100)"),
+        )
     details = [f"shortest failing row as text: {text!r}"] if text else []
     return diagnosis.PipelineFailure(f"{where}: {what}; {cause}", fix, details)
 
@@ -158,11 +190,15 @@ def applies(task: Task, family: Family) -> str | None:
         return None
     reason = row_by_row(task, family)
     if reason is None and task.positions:
-        return "question answering: the softmax over answer positions spans the padding too (transformers' QA " \
-               "heads do not mask it), so padded and unpadded losses differ by design"
+        return (
+            "question answering: the softmax over answer positions spans the padding too (transformers' QA "
+            "heads do not mask it), so padded and unpadded losses differ by design"
+        )
     if reason is None and task.nested:
-        return "multiple choice pads every choice of a row to one length: the padding property does not cover a " \
-               "choices axis"
+        return (
+            "multiple choice pads every choice of a row to one length: the padding property does not cover a "
+            "choices axis"
+        )
     return reason
 
 

@@ -38,8 +38,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result = StageResult("precision", device)
     trainable = {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
     counts = Counter(str(parameter.dtype).removeprefix("torch.") for parameter in trainable.values())
-    result.notes.append(f"mixed precision: {mixed or 'none (fp32)'}; trainable weights: "
-                        + ", ".join(f"{count} in {dtype}" for dtype, count in sorted(counts.items())))
+    result.notes.append(
+        f"mixed precision: {mixed or 'none (fp32)'}; trainable weights: "
+        + ", ".join(f"{count} in {dtype}" for dtype, count in sorted(counts.items()))
+    )
     if device == "cuda" and mixed == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
         raise diagnosis.PipelineFailure(
             f"the script asks for bf16=True, but this GPU ({torch.cuda.get_device_name()}) has no bf16 arithmetic",
@@ -49,7 +51,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if mixed == "fp16" and half:
         raise diagnosis.PipelineFailure(
             f"{len(half)} trainable weights are fp16 under fp16=True mixed precision (e.g. {half[0][0]}): the "
-            "gradient scaler refuses fp16 gradients on a GPU (\"Attempting to unscale FP16 gradients\"), and without "
+            'gradient scaler refuses fp16 gradients on a GPU ("Attempting to unscale FP16 gradients"), and without '
             "it AdamW updates fp16 weights until they are NaN",
             "keep trainable weights in fp32 and let autocast cast them: load the model without dtype=float16, or "
             "cast the trainable ones (adapters, heads) to float32; or train in bf16 where the GPU has it",
@@ -76,10 +78,14 @@ def _check_fp16_range(pipeline: Pipeline, model: torch.nn.Module, batch: dict[st
             if torch.is_tensor(output) and output.is_floating_point() and output.numel():
                 value = float(output.detach().abs().float().nan_to_num(0.0, 0.0, 0.0).max())
                 largest[name] = max(largest.get(name, 0.0), value)
+
         return hook
 
-    handles = [module.register_forward_hook(record(name)) for name, module in model.named_modules()
-               if type(module).__name__ in HALF_UNDER_AUTOCAST]
+    handles = [
+        module.register_forward_hook(record(name))
+        for name, module in model.named_modules()
+        if type(module).__name__ in HALF_UNDER_AUTOCAST
+    ]
     try:
         with torch.no_grad():
             pipeline.loss(model, batch)
@@ -121,8 +127,9 @@ def _check_autocast(
             )
         with diagnosis.pipeline_part(f"backward() under {mixed} autocast"):
             loss.backward()
-        broken = non_finite((name, parameter.grad) for name, parameter in model.named_parameters()
-                            if parameter.grad is not None)
+        broken = non_finite(
+            (name, parameter.grad) for name, parameter in model.named_parameters() if parameter.grad is not None
+        )
     if broken:
         raise diagnosis.PipelineFailure(
             f"backward under {mixed} autocast gives non-finite gradients for {len(broken)} weights, e.g. {broken[0]}",

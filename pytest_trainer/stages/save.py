@@ -44,8 +44,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     model, batch = run.model, run.batch
     result = StageResult("save", device, batch=batch)
     trainer = pipeline.trainer
-    with tempfile.TemporaryDirectory(prefix="checkpoint-", dir=_parent(trainer)) as folder, \
-            training.holding(pipeline.trainer, model, run.optimizer, run.scheduler):
+    with (
+        tempfile.TemporaryDirectory(prefix="checkpoint-", dir=_parent(trainer)) as folder,
+        training.holding(pipeline.trainer, model, run.optimizer, run.scheduler),
+    ):
         try:
             with diagnosis.pipeline_part(SAVING):
                 trainer.save_model(folder)
@@ -63,8 +65,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         size = sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
         model.eval()
         with torch.no_grad():
-            how = _compare_reloaded(pipeline, model, first_rows(batch, pipeline.task.sequence, COMPARED_ROWS),
-                                    folder, device)
+            how = _compare_reloaded(
+                pipeline, model, first_rows(batch, pipeline.task.sequence, COMPARED_ROWS), folder, device
+            )
         held = _check_processor(pipeline, folder)
     result.figures.update({"checkpoint_mib": size / 2**20, "checkpoint_files": float(len(files))})
     result.notes.append(f"checkpoint of {size / 2**20:.1f} MiB ({', '.join(files)}); {how}{held}")
@@ -82,8 +85,13 @@ def first_rows(batch: dict[str, Any], sequence: str | None, rows: int) -> dict[s
     if anchor is None or anchor.dim() == 0 or anchor.shape[0] <= rows:
         return batch
     count = anchor.shape[0]
-    return {key: value[:rows] if (torch.is_tensor(value) and value.dim() and value.shape[0] == count) or
-            (isinstance(value, list) and len(value) == count) else value for key, value in batch.items()}
+    return {
+        key: value[:rows]
+        if (torch.is_tensor(value) and value.dim() and value.shape[0] == count)
+        or (isinstance(value, list) and len(value) == count)
+        else value
+        for key, value in batch.items()
+    }
 
 
 def _parent(trainer: Any) -> str | None:
@@ -128,8 +136,9 @@ def _as_dict(outputs: Any) -> dict[str, Any]:
 def _floats(values: dict[str, Any]) -> dict[str, torch.Tensor]:
     import torch
 
-    return {key: value.detach() for key, value in values.items()
-            if torch.is_tensor(value) and value.is_floating_point()}
+    return {
+        key: value.detach() for key, value in values.items() if torch.is_tensor(value) and value.is_floating_point()
+    }
 
 
 def _compare_reloaded(pipeline: Pipeline, model: Any, batch: dict[str, Any], folder: str, device: str) -> str:
@@ -261,8 +270,10 @@ def _compare_state_dict(model: Any, folder: str) -> str:
             f"{', '.join((missing + changed)[:8])}",
             "save the model's whole state dict (Trainer._save writes model.state_dict() for a model of your own)",
         )
-    return (f"the {type(model).__name__} has no from_pretrained: its checkpoint holds its whole state dict "
-            "(reload it with load_state_dict(safetensors.torch.load_file(...)))")
+    return (
+        f"the {type(model).__name__} has no from_pretrained: its checkpoint holds its whole state dict "
+        "(reload it with load_state_dict(safetensors.torch.load_file(...)))"
+    )
 
 
 #: Files a saved tokenizer or processor writes, one at least.
@@ -281,13 +292,14 @@ def _check_processor(pipeline: Pipeline, folder: str) -> str:
         vision_text.check_processor_saved(pipeline)
         return ""
     if not any((Path(folder) / name).is_file() for name in PROCESSOR_FILES):
-        return (f"; the trainer saves no {type(processor).__name__} with it (reload that from where the script "
-                "loads it)")
+        return f"; the trainer saves no {type(processor).__name__} with it (reload that from where the script loads it)"
     vision_text.check_processor_saved(pipeline)
     with diagnosis.pipeline_part(f"reloading the saved {type(processor).__name__}"):
         reloaded = from_pretrained(folder)
-    compared = [("vocabulary size", _vocabulary(processor), _vocabulary(reloaded)),
-                ("chat template", getattr(processor, "chat_template", None), getattr(reloaded, "chat_template", None))]
+    compared = [
+        ("vocabulary size", _vocabulary(processor), _vocabulary(reloaded)),
+        ("chat template", getattr(processor, "chat_template", None), getattr(reloaded, "chat_template", None)),
+    ]
     if pipeline.task.image_token is not None:
         compared += vision_text.image_settings(processor, reloaded)
     for what, before, after in compared:
@@ -316,5 +328,10 @@ def _listing(folder: str) -> str:
 
 
 # The first checkpoint, of the model the steps before trained.
-STAGE = Stage("save", rank=80, run=run, needs=("step",),
-              same_on_every_device="a checkpoint holds the same files whichever device trained")
+STAGE = Stage(
+    "save",
+    rank=80,
+    run=run,
+    needs=("step",),
+    same_on_every_device="a checkpoint holds the same files whichever device trained",
+)

@@ -29,8 +29,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     changed = pipeline.changed_weights(model)
     if not changed:
         raise diagnosis.PipelineFailure(
-            f"one optimizer step left all {len(trainable)} trainable parameters unchanged "
-            f"(learning rate {run.peak:g})",
+            f"one optimizer step left all {len(trainable)} trainable parameters unchanged (learning rate {run.peak:g})",
             "check learning_rate, the optimizer given to the Trainer, and that the loss depends on the parameters",
         )
     broken = non_finite((name, parameter) for name, parameter in model.named_parameters() if parameter.requires_grad)
@@ -55,9 +54,11 @@ def check_updates_kept(pipeline: Pipeline, model: Any, rate: float, result: Stag
     stuck = [(name, same / count) for name, same, count in unmoved if same >= STUCK * count]
     result.figures.update({"low_precision_updates_lost": kept / pushed})
     dtype = str(next(parameter.dtype for parameter in model.parameters() if parameter.requires_grad)).split(".")[-1]
-    line = (f"{kept} of {pushed} {dtype} weight elements with a gradient kept their value after one step at learning "
-            f"rate {rate:g} ({len(stuck)} of {len(unmoved)} tensors did not move, e.g. "
-            f"{', '.join(name for name, _ in stuck[:3]) or 'none'})")
+    line = (
+        f"{kept} of {pushed} {dtype} weight elements with a gradient kept their value after one step at learning "
+        f"rate {rate:g} ({len(stuck)} of {len(unmoved)} tensors did not move, e.g. "
+        f"{', '.join(name for name, _ in stuck[:3]) or 'none'})"
+    )
     if kept < LOST * pushed:
         result.notes.append(line)
         return

@@ -44,17 +44,26 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     collated = [(_numpy(batch), samples, stored) for samples, batch, stored in pipeline.batches.spread(SAMPLED_ROWS)]
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
     pad = getattr(getattr(tokenizer, "tokenizer", tokenizer), "pad_token_id", None)
-    rows = [row for batch, samples, stored in collated if "labels" in batch and "input_ids" in batch
-            for row in rows_of(batch, samples, stored, pad)]
+    rows = [
+        row
+        for batch, samples, stored in collated
+        if "labels" in batch and "input_ids" in batch
+        for row in rows_of(batch, samples, stored, pad)
+    ]
     if not rows:
         pytest.skip("the collated batches carry no labels of token ids: the model computes no loss from them to audit")
     asked = Asked(pipeline.trainer, pipeline.model, rows)
     supervised = sum(int(row.trained.sum()) for row in rows)
     real = sum(len(row) for row in rows)
-    result = StageResult("targets", device, figures={
-        "supervised_share": supervised / max(real, 1), "supervised_tokens": float(supervised),
-        "rows_audited": float(len(rows)),
-    })
+    result = StageResult(
+        "targets",
+        device,
+        figures={
+            "supervised_share": supervised / max(real, 1),
+            "supervised_tokens": float(supervised),
+            "rows_audited": float(len(rows)),
+        },
+    )
     from pytest_trainer import vision_text  # image tokens: each row's count, and none of them supervised
 
     figures, notes = vision_text.audit(pipeline, [(batch, samples) for batch, samples, _ in collated], SAMPLED_ROWS)
@@ -70,20 +79,24 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         result.pictures["asked"] = shown
     ends: dict[str, tuple[int, int]] = {}
     try:
-        diagnosis.findings_last([
-            lambda: checks.check_doubled_bos(asked),
-            lambda: checks.check_prompt_as_asked(asked),
-            lambda: ends.update(answers=checks.check_answer_ends(asked, result.notes)),
-            lambda: ends.update(texts=checks.check_eos_of_texts(asked)),
-            lambda: checks.check_answers_trained(asked),
-        ])
+        diagnosis.findings_last(
+            [
+                lambda: checks.check_doubled_bos(asked),
+                lambda: checks.check_prompt_as_asked(asked),
+                lambda: ends.update(answers=checks.check_answer_ends(asked, result.notes)),
+                lambda: ends.update(texts=checks.check_eos_of_texts(asked)),
+                lambda: checks.check_answers_trained(asked),
+            ]
+        )
     except diagnosis.Finding as found:
         raise with_pictures(found, result) from None
     eos_total, eos_trained = ends.get("texts", (0, 0))
     answers, stopped = ends.get("answers", (0, 0))
     result.figures.update({"eos_tokens": float(eos_total), "eos_supervised": float(eos_trained)})
-    line = (f"{supervised} of {real} real tokens supervised ({supervised / max(real, 1):.0%}) in {len(rows)} rows; "
-            f"end-of-sequence tokens supervised: {eos_trained} of {eos_total}")
+    line = (
+        f"{supervised} of {real} real tokens supervised ({supervised / max(real, 1):.0%}) in {len(rows)} rows; "
+        f"end-of-sequence tokens supervised: {eos_trained} of {eos_total}"
+    )
     if answers:
         result.figures.update({"answers": float(answers), "answers_ending_on_a_stop_token": float(stopped)})
         line += f"; answers ending on a token generation stops at: {stopped} of {answers}"
@@ -98,11 +111,16 @@ def preferences(pipeline: Pipeline, device: str) -> StageResult:
     from pytest_trainer.asked import pairs
     from pytest_trainer.asked.view import Asked
 
-    found = [(chosen, rejected, sample) for samples, batch, _ in pipeline.batches.spread(SAMPLED_ROWS)
-             for (chosen, rejected), sample in zip(pairs.answers(_numpy(batch), len(samples)), samples, strict=False)]
+    found = [
+        (chosen, rejected, sample)
+        for samples, batch, _ in pipeline.batches.spread(SAMPLED_ROWS)
+        for (chosen, rejected), sample in zip(pairs.answers(_numpy(batch), len(samples)), samples, strict=False)
+    ]
     if not found:
-        pytest.skip("the preference batches hold no chosen and rejected answers side by side to compare (unpaired "
-                    "preferences, or a layout this stage does not read)")
+        pytest.skip(
+            "the preference batches hold no chosen and rejected answers side by side to compare (unpaired "
+            "preferences, or a layout this stage does not read)"
+        )
     result = StageResult("targets", device, figures={"pairs_audited": float(len(found))})
     asked = Asked(pipeline.trainer, pipeline.model, [])
     pairs.check_pairs_differ(found, asked.max_length, asked.text, result.notes)
@@ -199,5 +217,11 @@ def applies(task: Task, family: Family) -> str | None:
     return f"{task.name}: no causal-LM supervision to audit (the dataset stage checks these labels)"
 
 
-STAGE = Stage("targets", rank=30, run=run, needs=("collate",), applies=applies,
-              same_on_every_device="the audit reads the collated data, the same on every device")
+STAGE = Stage(
+    "targets",
+    rank=30,
+    run=run,
+    needs=("collate",),
+    applies=applies,
+    same_on_every_device="the audit reads the collated data, the same on every device",
+)

@@ -102,10 +102,24 @@ SFT = """
 """
 
 
-def sft(style: str, change: str = "", reasoning: bool = False, max_length: int = 64, args: str = "",
-        system: bool = False, tools: bool = False) -> str:
-    return SFT.format(style=style, change=change or "pass", reasoning=reasoning, max_length=max_length,
-                      args=f", {args}" if args else "", system=system, tools=tools)
+def sft(
+    style: str,
+    change: str = "",
+    reasoning: bool = False,
+    max_length: int = 64,
+    args: str = "",
+    system: bool = False,
+    tools: bool = False,
+) -> str:
+    return SFT.format(
+        style=style,
+        change=change or "pass",
+        reasoning=reasoning,
+        max_length=max_length,
+        args=f", {args}" if args else "",
+        system=system,
+        tools=tools,
+    )
 
 
 #: The plain Trainer on conversations rendered to text by the template and tokenized again, full-sequence loss.

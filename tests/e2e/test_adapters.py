@@ -44,7 +44,7 @@ def only_failure(result: pytest.RunResult, stage: str) -> None:
         assert set(statuses.values()) == {"SKIPPED"}, statuses  # no Trainer: nothing to test
         return
     order = list(UP_TO_STEP)
-    for item in order[:order.index(stage)]:
+    for item in order[: order.index(stage)]:
         assert statuses.get(f"{item}[cpu]") == "PASSED", statuses
 
 
@@ -77,8 +77,14 @@ LORA_LM = """
 """
 
 
-def lora_lm(tokens: str = "", resize: str = "", targets: str = '["q_proj", "v_proj"]', lora: str = "",
-            after: str = "", args: str = "") -> str:
+def lora_lm(
+    tokens: str = "",
+    resize: str = "",
+    targets: str = '["q_proj", "v_proj"]',
+    lora: str = "",
+    after: str = "",
+    args: str = "",
+) -> str:
     return LORA_LM.format(tokens=tokens, resize=resize, targets=targets, lora=lora, after=after, args=args)
 
 
@@ -108,14 +114,19 @@ GC_REENTRANT = ', gradient_checkpointing=True, gradient_checkpointing_kwargs={"u
 GC_NON_REENTRANT = ', gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}'
 
 
-@pytest.mark.parametrize(("after", "args"), [
-    ("", GC_REENTRANT),
-    ("model.enable_input_require_grads()", GC_REENTRANT),
-    ("", GC_NON_REENTRANT),
-    ("", ", gradient_checkpointing=True"),
-], ids=["reentrant-text-model", "reentrant-with-input-grads", "non-reentrant", "default-kwargs"])
-def test_lora_with_gradient_checkpointing_on_a_text_model_passes(lm_project: pytest.Pytester, after: str,
-                                                                 args: str) -> None:
+@pytest.mark.parametrize(
+    ("after", "args"),
+    [
+        ("", GC_REENTRANT),
+        ("model.enable_input_require_grads()", GC_REENTRANT),
+        ("", GC_NON_REENTRANT),
+        ("", ", gradient_checkpointing=True"),
+    ],
+    ids=["reentrant-text-model", "reentrant-with-input-grads", "non-reentrant", "default-kwargs"],
+)
+def test_lora_with_gradient_checkpointing_on_a_text_model_passes(
+    lm_project: pytest.Pytester, after: str, args: str
+) -> None:
     # transformers 5 hooks the input embedding itself for input_ids models, so all four train (measured above).
     # transformers 4.57 does not, and defaults to use_reentrant=True: there train() itself stops on the unhooked
     # forms with "element 0 of tensors does not require grad" (measured), which backward must name.
@@ -154,19 +165,25 @@ VIT_LORA = """
 SAVED_HEAD = ', modules_to_save=["classifier"]'
 
 
-@pytest.mark.parametrize(("after", "reentrant"), [
-    ("model.enable_input_require_grads()", "True"),
-    ("", "False"),
-], ids=["enable-input-require-grads", "non-reentrant"])
-def test_lora_vision_model_with_gradient_checkpointing_done_right_passes(project: pytest.Pytester, after: str,
-                                                                         reentrant: str) -> None:
+@pytest.mark.parametrize(
+    ("after", "reentrant"),
+    [
+        ("model.enable_input_require_grads()", "True"),
+        ("", "False"),
+    ],
+    ids=["enable-input-require-grads", "non-reentrant"],
+)
+def test_lora_vision_model_with_gradient_checkpointing_done_right_passes(
+    project: pytest.Pytester, after: str, reentrant: str
+) -> None:
     write(project, "train.py", VIT_LORA.format(saved=SAVED_HEAD, after=after, reentrant=reentrant))
     passed_up_to_step(run_script(project, UP_TO_STEP_OPTION))
 
 
 @pytest.mark.parametrize("saved", [SAVED_HEAD, ""], ids=["head-trains", "only-lora"])
 def test_lora_vision_model_with_reentrant_checkpointing_and_frozen_inputs_fails_backward(
-        project: pytest.Pytester, saved: str) -> None:
+    project: pytest.Pytester, saved: str
+) -> None:
     # head-trains: the LoRA weights get no gradient while the classifier's does (grad_norm 1.84: the loss hides it);
     # only-lora: the loss has no grad_fn at all. Both are the checkpoint's frozen inputs, and must be named so.
     write(project, "train.py", VIT_LORA.format(saved=saved, after="", reentrant="True"))
@@ -174,8 +191,12 @@ def test_lora_vision_model_with_reentrant_checkpointing_and_frozen_inputs_fails_
     only_failure(result, "backward")
     result.stdout.re_match_lines([r"backward\[cpu\] failed: .*trainable parameters get no gradient.*"])
     result.stdout.re_match_lines([r"(?i).*gradient checkpointing.*"])
-    result.stdout.re_match_lines([r".*fix: .*(enable_input_require_grads\(\).*use_reentrant.{0,4}False|"
-                                  r"use_reentrant.{0,4}False.*enable_input_require_grads\(\)).*"])
+    result.stdout.re_match_lines(
+        [
+            r".*fix: .*(enable_input_require_grads\(\).*use_reentrant.{0,4}False|"
+            r"use_reentrant.{0,4}False.*enable_input_require_grads\(\)).*"
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -188,12 +209,18 @@ def test_lora_vision_model_with_reentrant_checkpointing_and_frozen_inputs_fails_
 # peft 0.21 accepts trainable_token_indices as a list (the input embedding) or as a dict per module
 # ({"embed_tokens": ids, "lm_head": ids}).
 
-ADD_TOKENS = 'added = tok.add_tokens(["<tool>", "</tool>"])\n    texts = [f"{text} <tool> red </tool>" for text in texts]'
-ADD_SPECIAL = ('added = tok.add_special_tokens({"additional_special_tokens": ["<tool>", "</tool>"]})\n'
-               '    texts = [f"{text} <tool> red </tool>" for text in texts]')
+ADD_TOKENS = (
+    'added = tok.add_tokens(["<tool>", "</tool>"])\n    texts = [f"{text} <tool> red </tool>" for text in texts]'
+)
+ADD_SPECIAL = (
+    'added = tok.add_special_tokens({"additional_special_tokens": ["<tool>", "</tool>"]})\n'
+    '    texts = [f"{text} <tool> red </tool>" for text in texts]'
+)
 #: A pretrained checkpoint on this machine (the model of lm.py saved and loaded back), then its embedding resized.
-RESIZE = ('model.save_pretrained("base")\n    model = type(model).from_pretrained("base")\n'
-          '    model.resize_token_embeddings(len(tok))\n    new_ids = tok.convert_tokens_to_ids(["<tool>", "</tool>"])')
+RESIZE = (
+    'model.save_pretrained("base")\n    model = type(model).from_pretrained("base")\n'
+    '    model.resize_token_embeddings(len(tok))\n    new_ids = tok.convert_tokens_to_ids(["<tool>", "</tool>"])'
+)
 
 
 @pytest.mark.parametrize("tokens", [ADD_TOKENS, ADD_SPECIAL], ids=["add_tokens", "add_special_tokens"])
@@ -203,14 +230,20 @@ def test_added_tokens_with_a_frozen_embedding_fail_backward(lm_project: pytest.P
     only_failure(result, "backward")
     result.stdout.re_match_lines([r"backward\[cpu\] failed: .*tokens added to the tokenizer.*"])
     assert "embedding rows cannot change" in result.stdout.str()
-    result.stdout.re_match_lines([r".*fix: .*(modules_to_save=\[.embed_tokens., .lm_head.\]|trainable_token_indices).*"])
+    result.stdout.re_match_lines(
+        [r".*fix: .*(modules_to_save=\[.embed_tokens., .lm_head.\]|trainable_token_indices).*"]
+    )
 
 
-@pytest.mark.parametrize("lora", [
-    ", trainable_token_indices=new_ids",
-    ', trainable_token_indices={"embed_tokens": new_ids, "lm_head": new_ids}',
-    ', modules_to_save=["embed_tokens", "lm_head"]',
-], ids=["trainable-token-indices", "trainable-token-indices-per-module", "modules-to-save"])
+@pytest.mark.parametrize(
+    "lora",
+    [
+        ", trainable_token_indices=new_ids",
+        ', trainable_token_indices={"embed_tokens": new_ids, "lm_head": new_ids}',
+        ', modules_to_save=["embed_tokens", "lm_head"]',
+    ],
+    ids=["trainable-token-indices", "trainable-token-indices-per-module", "modules-to-save"],
+)
 def test_added_tokens_made_trainable_pass(lm_project: pytest.Pytester, lora: str) -> None:
     write(lm_project, "train.py", lora_lm(tokens=ADD_TOKENS, resize=RESIZE, lora=lora))
     passed_up_to_step(run_script(lm_project, UP_TO_STEP_OPTION))
@@ -218,8 +251,9 @@ def test_added_tokens_made_trainable_pass(lm_project: pytest.Pytester, lora: str
 
 def test_added_tokens_with_full_fine_tuning_pass(lm_project: pytest.Pytester) -> None:
     # No LoRA: the whole embedding trains, the new rows with it. Not this bug.
-    script = "\n".join(line for line in lora_lm(tokens=ADD_TOKENS, resize=RESIZE).splitlines()
-                        if "get_peft_model(model" not in line)
+    script = "\n".join(
+        line for line in lora_lm(tokens=ADD_TOKENS, resize=RESIZE).splitlines() if "get_peft_model(model" not in line
+    )
     write(lm_project, "train.py", script)
     passed_up_to_step(run_script(lm_project, UP_TO_STEP_OPTION))
 
@@ -377,11 +411,13 @@ def test_trl_recipe_with_default_bf16_loads_on_cpu(lm_project: pytest.Pytester, 
     write(lm_project, "train.py", script)
     result = run_script(lm_project, UP_TO_STEP_OPTION, "--trainer-report=report.json")
     passed_up_to_step(result)
-    notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
-             for note in item["notes"]]
+    notes = [
+        note for item in json.loads((lm_project.path / "report.json").read_text())["items"] for note in item["notes"]
+    ]
     assert any("bf16" in note and "fp32" in note for note in notes), notes
-    result.stdout.fnmatch_lines(["precision: the script asks for bf16=True; this machine has no GPU, so the items run "
-                                 "in fp32*"])
+    result.stdout.fnmatch_lines(
+        ["precision: the script asks for bf16=True; this machine has no GPU, so the items run in fp32*"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -428,12 +464,17 @@ TWO_HEADS = """
 """
 
 
-@pytest.mark.parametrize(("head", "saved"), [
-    ("classifier", '["classifier", "aux_head"]'),
-    ("head", '["head"]'),  # the suffix "head" matches aux_head too
-], ids=["named", "suffix-match"])
-def test_modules_to_save_outside_the_loss_fails_backward_naming_ddp(project: pytest.Pytester, head: str,
-                                                                    saved: str) -> None:
+@pytest.mark.parametrize(
+    ("head", "saved"),
+    [
+        ("classifier", '["classifier", "aux_head"]'),
+        ("head", '["head"]'),  # the suffix "head" matches aux_head too
+    ],
+    ids=["named", "suffix-match"],
+)
+def test_modules_to_save_outside_the_loss_fails_backward_naming_ddp(
+    project: pytest.Pytester, head: str, saved: str
+) -> None:
     write(project, "train.py", TWO_HEADS.format(head=head, saved=saved))
     result = run_script(project, UP_TO_STEP_OPTION)
     only_failure(result, "backward")
@@ -455,22 +496,33 @@ def test_dpo_without_a_reference_model_explains_why_none_could_be_built(lm_proje
     write(lm_project, "train.py", script.replace("ref_model=copy.deepcopy(model), ", ""))
     result = run_script(lm_project, UP_TO_STEP_OPTION)
     only_failure(result, "load")
-    result.stdout.fnmatch_lines([
-        "load[[]cpu[]] failed: train.py: the trainer could not build its reference model: with no ref_model "
-        "given, it loads one from the policy model's checkpoint (''), which a model built from a config does not have*",
-        "*fix: pass ref_model=*or train with a peft_config*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "load[[]cpu[]] failed: train.py: the trainer could not build its reference model: with no ref_model "
+            "given, it loads one from the policy model's checkpoint (''), which a model built from a config does not have*",
+            "*fix: pass ref_model=*or train with a peft_config*",
+        ]
+    )
 
 
 def test_backward_names_what_trains_under_lora(lm_project: pytest.Pytester) -> None:
-    write(lm_project, "train.py", lora_lm(tokens=ADD_TOKENS, resize=RESIZE, lora=', modules_to_save=["lm_head"]'
-                                          ', trainable_token_indices=new_ids'))
+    write(
+        lm_project,
+        "train.py",
+        lora_lm(
+            tokens=ADD_TOKENS, resize=RESIZE, lora=', modules_to_save=["lm_head"], trainable_token_indices=new_ids'
+        ),
+    )
     result = run_script(lm_project, "--trainer-stages=backward", "--trainer-report=report.json")
     assert outcomes(result) == {"backward[cpu]": "PASSED"}
-    notes = next(item["notes"] for item in json.loads((lm_project.path / "report.json").read_text())["items"]
-                 if item["stage"] == "backward")
-    assert "trainable: LoRA adapters on q_proj, v_proj; modules_to_save lm_head; trainable token rows (1 tensors)" \
-        in notes, notes
+    notes = next(
+        item["notes"]
+        for item in json.loads((lm_project.path / "report.json").read_text())["items"]
+        if item["stage"] == "backward"
+    )
+    assert (
+        "trainable: LoRA adapters on q_proj, v_proj; modules_to_save lm_head; trainable token rows (1 tensors)" in notes
+    ), notes
 
 
 def test_an_added_pad_token_used_only_as_padding_needs_no_trainable_row(lm_project: pytest.Pytester) -> None:
@@ -482,7 +534,9 @@ def test_an_added_pad_token_used_only_as_padding_needs_no_trainable_row(lm_proje
 
 def test_tokens_of_a_model_built_from_a_config_are_not_taken_for_added_ones(lm_project: pytest.Pytester) -> None:
     # Built from a config after the tokens were added: nothing tells them from the model's own; no false alarm.
-    script = lora_lm(tokens=ADD_TOKENS).replace("    model = lm.model()\n", "    model = lm.model(vocab_size=len(tok))\n")
+    script = lora_lm(tokens=ADD_TOKENS).replace(
+        "    model = lm.model()\n", "    model = lm.model(vocab_size=len(tok))\n"
+    )
     assert "lm.model(vocab_size=len(tok))" in script
     write(lm_project, "train.py", script)
     passed_up_to_step(run_script(lm_project, UP_TO_STEP_OPTION))

@@ -24,11 +24,15 @@ from trl import SFTConfig, SFTTrainer  # noqa: F401
 STAGES = "--trainer-stages=collate,targets"
 TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
 #: The end of turn left out of the {% generation %} block of the Qwen-style template.
-EOT_OUTSIDE = ("tok.chat_template = tok.chat_template.replace(\"'<|im_end|>' }}{% endgeneration %}\", "
-               "\"'' }}{% endgeneration %}{{ '<|im_end|>' }}\")")
+EOT_OUTSIDE = (
+    "tok.chat_template = tok.chat_template.replace(\"'<|im_end|>' }}{% endgeneration %}\", "
+    "\"'' }}{% endgeneration %}{{ '<|im_end|>' }}\")"
+)
 #: A base model's tokenizer and generation stop at <|endoftext|>; the ChatML template ends turns with <|im_end|>.
-BASE_MODEL = ('tok.eos_token = "<|endoftext|>"\n    '
-              'chat.STYLES["qwen"] = (*chat.STYLES["qwen"][:4], ["<|endoftext|>"], chat.STYLES["qwen"][5])')
+BASE_MODEL = (
+    'tok.eos_token = "<|endoftext|>"\n    '
+    'chat.STYLES["qwen"] = (*chat.STYLES["qwen"][:4], ["<|endoftext|>"], chat.STYLES["qwen"][5])'
+)
 #: A template that ignores the messages' reasoning_content.
 NO_REASONING = 'tok.chat_template = tok.chat_template.replace("{% if m.reasoning_content %}", "{% if false %}")'
 
@@ -69,18 +73,25 @@ def test_a_correct_chat_sft_of_each_family_passes(chat_project: pytest.Pytester,
 
 
 def test_an_end_of_turn_outside_the_generation_block_is_named_with_the_template_fix(
-        chat_project: pytest.Pytester) -> None:
+    chat_project: pytest.Pytester,
+) -> None:
     result = run_targets(chat_project, sft("qwen", EOT_OUTSIDE))
-    check_fails(result, "*32 of 32 sampled answers are followed by '<|im_end|>' but it carries no label*",
-                "*fix: move '<|im_end|>' inside the chat template's {% generation %}*")
+    check_fails(
+        result,
+        "*32 of 32 sampled answers are followed by '<|im_end|>' but it carries no label*",
+        "*fix: move '<|im_end|>' inside the chat template's {% generation %}*",
+    )
     result.stdout.no_fnmatch_line("*pad token of its own*")  # the tokenizer has one: not the cause
 
 
 def test_a_base_model_taught_an_end_of_turn_that_is_not_its_stop_token_is_named(chat_project: pytest.Pytester) -> None:
     result = run_targets(chat_project, sft("qwen", BASE_MODEL))
-    check_fails(result, "*32 of 32 sampled answers end with '<|im_end|>', but generation stops at '<|endoftext|>' "
-                        "(generation_config.eos_token_id)*",
-                "*fix: make generation stop at '<|im_end|>': model.generation_config.eos_token_id = *")
+    check_fails(
+        result,
+        "*32 of 32 sampled answers end with '<|im_end|>', but generation stops at '<|endoftext|>' "
+        "(generation_config.eos_token_id)*",
+        "*fix: make generation stop at '<|im_end|>': model.generation_config.eos_token_id = *",
+    )
 
 
 def test_a_base_model_told_to_stop_at_the_end_of_turn_passes(chat_project: pytest.Pytester) -> None:
@@ -91,13 +102,18 @@ def test_a_base_model_told_to_stop_at_the_end_of_turn_passes(chat_project: pytes
 def test_reasoning_the_template_drops_is_named_and_one_it_renders_passes(chat_project: pytest.Pytester) -> None:
     check_passes(run_targets(chat_project, sft("qwen", reasoning=True)))
     result = run_targets(chat_project, sft("qwen", NO_REASONING, reasoning=True))
-    check_fails(result, "*the stored conversations' reasoning_content (32 of 32 rows) are never trained*",
-                "*fix: use a chat template that renders reasoning_content*")
+    check_fails(
+        result,
+        "*the stored conversations' reasoning_content (32 of 32 rows) are never trained*",
+        "*fix: use a chat template that renders reasoning_content*",
+    )
 
 
 #: A template that leaves out the system messages.
-NO_SYSTEM = ("tok.chat_template = tok.chat_template.replace(\"{% for m in messages %}\", "
-             "\"{% for m in messages if m['role'] != 'system' %}\")")
+NO_SYSTEM = (
+    'tok.chat_template = tok.chat_template.replace("{% for m in messages %}", '
+    "\"{% for m in messages if m['role'] != 'system' %}\")"
+)
 
 
 @pytest.mark.parametrize("style", ["llama3", "qwen", "gemma"])
@@ -107,8 +123,11 @@ def test_a_system_turn_the_template_renders_passes(chat_project: pytest.Pytester
 
 def test_a_turn_the_template_drops_is_named(chat_project: pytest.Pytester) -> None:
     result = run_targets(chat_project, sft("qwen", NO_SYSTEM, system=True))
-    check_fails(result, "*the stored conversations' system turns (* of 32 rows) never reach the model*",
-                "*fix: use a chat template that renders every message (system turns are left out)*")
+    check_fails(
+        result,
+        "*the stored conversations' system turns (* of 32 rows) never reach the model*",
+        "*fix: use a chat template that renders every message (system turns are left out)*",
+    )
 
 
 #: A template that leaves out the assistant's tool calls.
@@ -119,8 +138,11 @@ def test_tool_calls_of_an_earlier_turn_the_template_drops_are_named(chat_project
     # The call is an earlier assistant turn, followed by the tool's answer, as in every tool-calling chat.
     check_passes(run_targets(chat_project, sft("qwen", tools=True, max_length=96)))
     result = run_targets(chat_project, sft("qwen", NO_TOOL_CALLS, tools=True, max_length=96))
-    check_fails(result, "*the stored conversations' tool_calls (32 of 32 rows) are never trained*",
-                "*fix: use a chat template that renders tool_calls (a tool-calling template writes each call*")
+    check_fails(
+        result,
+        "*the stored conversations' tool_calls (32 of 32 rows) are never trained*",
+        "*fix: use a chat template that renders tool_calls (a tool-calling template writes each call*",
+    )
     # The tool's name is in every row (a tools block names it) while the calls are still dropped: the template
     # renders each conversation the same without them.
     named = NO_TOOL_CALLS + "\n    tok.chat_template = \"{{ 'lookup ' }}\" + tok.chat_template"
@@ -130,14 +152,21 @@ def test_tool_calls_of_an_earlier_turn_the_template_drops_are_named(chat_project
 
 def test_answers_cut_by_max_length_name_the_length_that_keeps_them(chat_project: pytest.Pytester) -> None:
     result = run_targets(chat_project, sft("qwen", max_length=14))
-    check_fails(result, "*sampled answers are cut by max_length=14 before their end; max_length=* keeps every "
-                        "sampled row whole (they lose * tokens)*", "*fix: raise max_length to *")
+    check_fails(
+        result,
+        "*sampled answers are cut by max_length=14 before their end; max_length=* keeps every "
+        "sampled row whole (they lose * tokens)*",
+        "*fix: raise max_length to *",
+    )
 
 
 def test_a_template_rendered_to_text_and_tokenized_again_doubles_the_bos(chat_project: pytest.Pytester) -> None:
     result = run_targets(chat_project, RENDERED.format(system="", tokenize=""))
-    check_fails(result, "*32 of 32 sampled rows begin with '<|begin_of_text|>' twice*",
-                "*fix: tokenize the rendered text with add_special_tokens=False*")
+    check_fails(
+        result,
+        "*32 of 32 sampled rows begin with '<|begin_of_text|>' twice*",
+        "*fix: tokenize the rendered text with add_special_tokens=False*",
+    )
     result = run_targets(chat_project, RENDERED.format(system="", tokenize=", add_special_tokens=False"))
     check_passes(result)
 
@@ -145,9 +174,12 @@ def test_a_template_rendered_to_text_and_tokenized_again_doubles_the_bos(chat_pr
 def test_rows_trained_on_another_prompt_than_inference_gives_are_named(chat_project: pytest.Pytester) -> None:
     system = '[{"role": "system", "content": "the big dog"}] + '
     result = run_targets(chat_project, RENDERED.format(system=system, tokenize=", add_special_tokens=False"))
-    check_fails(result, "*32 of 32 sampled conversations are trained on a prompt that differs from the one "
-                        "inference gives the model*", "*fix: build the training rows with the tokenizer's own chat "
-                        "template*", "*row as asked:*")
+    check_fails(
+        result,
+        "*32 of 32 sampled conversations are trained on a prompt that differs from the one inference gives the model*",
+        "*fix: build the training rows with the tokenizer's own chat template*",
+        "*row as asked:*",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,11 +214,13 @@ def test_bf16_weights_updated_in_place_are_named_and_fp32_weights_pass(lm_projec
     write(lm_project, "train.py", BF16_WEIGHTS.format(cast=".to(torch.bfloat16)", mixed=False))
     result = run_script(lm_project, "--trainer-stages=step,padding")
     assert failures(result) == ["step[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
-    result.stdout.fnmatch_lines([
-        "*step[[]cpu[]] failed: * of * bfloat16 weight elements with a gradient kept their value after one step at "
-        "learning rate 1e-05 (* tensors did not move, e.g. *norm*",
-        "*fix: keep the trainable weights in float32*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*step[[]cpu[]] failed: * of * bfloat16 weight elements with a gradient kept their value after one step at "
+            "learning rate 1e-05 (* tensors did not move, e.g. *norm*",
+            "*fix: keep the trainable weights in float32*",
+        ]
+    )
     # The padding property reads the same bf16 model: its tolerance follows the weights' precision (no false alarm).
     assert outcomes(result)["padding[cpu]"] == "PASSED", result.stdout.str()[-6000:]
 
@@ -244,17 +278,25 @@ def test_packed_documents_under_a_mask_of_ones_attend_to_each_other(lm_project: 
     write(lm_project, "train.py", PACKED.format(mask=MASK_OF_ONES, collator="pack"))
     result = run_script(lm_project, "--trainer-stages=forward")
     assert failures(result) == ["forward[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
-    result.stdout.fnmatch_lines([
-        "*forward[[]cpu[]] failed: packed documents attend to each other: document 2 of the first packed row "
-        "(tokens * to *) gets logits that differ by * from the same document alone, because the batch's "
-        "attention_mask is ones over the whole packed row*",
-        "*fix: leave attention_mask out of packed batches and pass position_ids*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*forward[[]cpu[]] failed: packed documents attend to each other: document 2 of the first packed row "
+            "(tokens * to *) gets logits that differ by * from the same document alone, because the batch's "
+            "attention_mask is ones over the whole packed row*",
+            "*fix: leave attention_mask out of packed batches and pass position_ids*",
+        ]
+    )
 
 
-@pytest.mark.parametrize("source", [PACKED.format(mask="pass", collator="pack"),
-                                    PACKED.format(mask="pass", collator="DataCollatorWithFlattening()"),
-                                    PACKED_SFT], ids=["no-mask", "flattening", "trl-bfd"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        PACKED.format(mask="pass", collator="pack"),
+        PACKED.format(mask="pass", collator="DataCollatorWithFlattening()"),
+        PACKED_SFT,
+    ],
+    ids=["no-mask", "flattening", "trl-bfd"],
+)
 def test_packed_documents_kept_apart_pass(lm_project: pytest.Pytester, source: str) -> None:
     # transformers separates packed documents by their position_ids when the model builds no cache: transformers 5's
     # Trainer sets use_cache=False, and TRL's SFT (activation checkpointing on) does under transformers 4 too.
@@ -262,13 +304,18 @@ def test_packed_documents_kept_apart_pass(lm_project: pytest.Pytester, source: s
     result = run_script(lm_project, "--trainer-stages=forward", "--trainer-report=report.json")
     if not TRANSFORMERS_5 and source != PACKED_SFT:
         assert failures(result) == ["forward[cpu]"], result.stdout.str()[-6000:]
-        result.stdout.fnmatch_lines(["*packed documents attend to each other*because the model builds a generation "
-                                     "cache in training (config.use_cache=True)*",
-                                     "*fix: train without the cache: TrainingArguments(use_cache=False) under transformers 5*"])
+        result.stdout.fnmatch_lines(
+            [
+                "*packed documents attend to each other*because the model builds a generation "
+                "cache in training (config.use_cache=True)*",
+                "*fix: train without the cache: TrainingArguments(use_cache=False) under transformers 5*",
+            ]
+        )
         return
     assert failures(result) == [], result.stdout.str()[-6000:]
-    notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
-             for note in item["notes"]]
+    notes = [
+        note for item in json.loads((lm_project.path / "report.json").read_text())["items"] for note in item["notes"]
+    ]
     assert any(note.startswith("packed documents kept apart") for note in notes), notes
 
 
@@ -276,12 +323,17 @@ def test_packed_documents_of_a_model_that_builds_a_cache_attend_to_each_other(lm
     # Measured under transformers 4.57 and 5.24 alike: a tiny Llama with use_cache=True gives a packed document
     # logits 0.043 away from its own; with use_cache=False, 4e-8.
     source = PACKED.format(mask="pass", collator="pack").replace(
-        "trainer.train()", "trainer.model.config.use_cache = True\n    trainer.train()")
+        "trainer.train()", "trainer.model.config.use_cache = True\n    trainer.train()"
+    )
     write(lm_project, "train.py", source)
     result = run_script(lm_project, "--trainer-stages=forward")
     assert failures(result) == ["forward[cpu]"], result.stdout.str()[-6000:]
-    result.stdout.fnmatch_lines(["*because the model builds a generation cache in training (config.use_cache=True)*",
-                                 "*fix: train without the cache: TrainingArguments(use_cache=False) under transformers 5*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*because the model builds a generation cache in training (config.use_cache=True)*",
+            "*fix: train without the cache: TrainingArguments(use_cache=False) under transformers 5*",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -312,23 +364,28 @@ def test_preference_pairs_cut_before_they_differ_are_named(lm_project: pytest.Py
     write(lm_project, "train.py", DPO_LORA.format(max_length=14))
     result = run_script(lm_project, "--trainer-stages=collate,targets")
     assert failures(result) == ["targets[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
-    result.stdout.fnmatch_lines([
-        "*targets[[]cpu[]] failed: 32 of 32 sampled preference pairs have the same chosen and rejected tokens once "
-        "cut at max_length=14: they first differ at token * to * of the stored pair*",
-        "*fix: raise max_length to at least *",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*targets[[]cpu[]] failed: 32 of 32 sampled preference pairs have the same chosen and rejected tokens once "
+            "cut at max_length=14: they first differ at token * to * of the stored pair*",
+            "*fix: raise max_length to at least *",
+        ]
+    )
 
 
 def test_dpo_with_lora_and_no_reference_model_passes(lm_project: pytest.Pytester) -> None:
     write(lm_project, "train.py", DPO_LORA.format(max_length=64))
-    result = run_script(lm_project, "--trainer-stages=collate,targets,forward,backward,step", "--trainer-report=report.json")
+    result = run_script(
+        lm_project, "--trainer-stages=collate,targets,forward,backward,step", "--trainer-report=report.json"
+    )
     assert failures(result) == [], result.stdout.str()[-6000:]
     assert outcomes(result)["targets[cpu]"] == "PASSED"
     assert figures(lm_project)["pairs_the_same"] == 0
 
 
 def test_the_html_report_shows_a_row_as_trained_beside_the_prompt_inference_gives(
-        chat_project: pytest.Pytester) -> None:
+    chat_project: pytest.Pytester,
+) -> None:
     write(chat_project, "train.py", sft("qwen"))
     result = run_script(chat_project, STAGES, "--trainer-html=report.html")
     assert failures(result) == [], result.stdout.str()[-6000:]
@@ -342,7 +399,7 @@ def test_the_html_report_shows_a_row_as_trained_beside_the_prompt_inference_give
         # The prompt inference gives is the trained row's start, up to the assistant's header.
         assert asked[:2] == ["&lt;|im_start|&gt;", "user"], asked
         assert asked[-2:] == ["&lt;|im_start|&gt;", "assistant"], asked
-        assert trained[:len(asked)] == asked and len(trained) > len(asked), (trained, asked)
+        assert trained[: len(asked)] == asked and len(trained) > len(asked), (trained, asked)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -378,16 +435,22 @@ OWN_TRUNCATION = """
 
 def test_answers_cut_by_a_truncation_of_the_scripts_own_are_found_from_the_rows(lm_project: pytest.Pytester) -> None:
     result = run_targets(lm_project, OWN_TRUNCATION.format(cutoff=13))
-    check_fails(result, "*sampled answers are cut by max_length=13 before their end*",
-                "*fix: raise max_length (or shorten the longest rows*")
+    check_fails(
+        result,
+        "*sampled answers are cut by max_length=13 before their end*",
+        "*fix: raise max_length (or shorten the longest rows*",
+    )
     check_passes(run_targets(lm_project, OWN_TRUNCATION.format(cutoff=64)))
 
 
 def test_rows_cut_at_their_start_lose_the_question(chat_project: pytest.Pytester) -> None:
     result = run_targets(chat_project, sft("qwen", max_length=14, args="truncation_mode='keep_end'"))
-    check_fails(result, "*sampled rows are cut by max_length=14 at their start: they lose the beginning of their "
-                        "prompt (they do not begin with '<|im_start|>' as the others do)*",
-                "*fix: raise max_length*")
+    check_fails(
+        result,
+        "*sampled rows are cut by max_length=14 at their start: they lose the beginning of their "
+        "prompt (they do not begin with '<|im_start|>' as the others do)*",
+        "*fix: raise max_length*",
+    )
     result.stdout.no_fnmatch_line("*before their end*")  # the answers are whole
 
 
@@ -403,17 +466,28 @@ def test_pairs_are_read_from_stacked_rows_and_from_keys_side_by_side() -> None:
     completion = np.array([[0, 1, 1, 0], [0, 1, 1, 1], [0, 1, 1, 0], [0, 1, 1, 1]])
     stacked = pairs.answers({"input_ids": ids, "completion_mask": completion}, 2)
     assert stacked == [([6, 7], [6, 7]), ([8, 9, 9], [8, 9, 4])]
-    side = pairs.answers({"input_ids_chosen": ids[:2], "input_ids_rejected": ids[2:],
-                          "attention_mask_chosen": np.ones_like(ids[:2]),
-                          "attention_mask_rejected": np.ones_like(ids[2:])}, 2)
+    side = pairs.answers(
+        {
+            "input_ids_chosen": ids[:2],
+            "input_ids_rejected": ids[2:],
+            "attention_mask_chosen": np.ones_like(ids[:2]),
+            "attention_mask_rejected": np.ones_like(ids[2:]),
+        },
+        2,
+    )
     assert side == [([5, 6, 7, 0], [5, 6, 7, 0]), ([5, 8, 9, 9], [5, 8, 9, 4])]
     assert pairs.answers({"input_ids": ids}, 3) == []  # rows that are not two per sample: no pairs to read
 
     notes: list[str] = []
-    found = [(chosen, rejected, {"prompt_ids": [5], "chosen_ids": [6, 7, 1], "rejected_ids": [6, 7, 2]})
-             for chosen, rejected in stacked]
-    with pytest.raises(diagnosis.Finding, match=r"1 of 2 sampled preference pairs have the same chosen and rejected tokens "
-                                        r"once cut at max_length=3: they first differ at token 3 to 3"):
+    found = [
+        (chosen, rejected, {"prompt_ids": [5], "chosen_ids": [6, 7, 1], "rejected_ids": [6, 7, 2]})
+        for chosen, rejected in stacked
+    ]
+    with pytest.raises(
+        diagnosis.Finding,
+        match=r"1 of 2 sampled preference pairs have the same chosen and rejected tokens "
+        r"once cut at max_length=3: they first differ at token 3 to 3",
+    ):
         pairs.check_pairs_differ(found, 3, str, notes)
     pairs.check_pairs_differ(found[1:], 3, str, notes)  # no pair the same: a note only
     assert notes[-1] == "1 of 1 sampled preference pairs differ once truncated"
@@ -444,9 +518,12 @@ def test_rows_of_trls_wrapped_packing_are_chunks_whose_ends_are_no_answers_ends(
 
 
 #: A packer of one's own that joins the samples end to end: no position_ids, an attention mask of ones.
-JOINED = PACKED.replace('''        positions = [index for row in rows for index in range(len(row["input_ids"]))]
+JOINED = PACKED.replace(
+    """        positions = [index for row in rows for index in range(len(row["input_ids"]))]
         batch = {{"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([positions]),
-                 "labels": torch.tensor([ids])}}''', '''        batch = {{"input_ids": torch.tensor([ids]), "labels": torch.tensor([ids])}}''')
+                 "labels": torch.tensor([ids])}}""",
+    """        batch = {{"input_ids": torch.tensor([ids]), "labels": torch.tensor([ids])}}""",
+)
 
 
 def test_conversations_packed_with_no_boundary_attend_to_each_other(lm_project: pytest.Pytester) -> None:
@@ -455,17 +532,20 @@ def test_conversations_packed_with_no_boundary_attend_to_each_other(lm_project: 
         'data = Dataset.from_dict({"text": [text + " [SEP]" for text in tiny.sentences(32, seed=4)]})',
         'data = Dataset.from_dict({"messages": [[{"role": "user", "content": text}, {"role": "assistant", '
         '"content": text + " [SEP]"}] for text in tiny.sentences(32, seed=4)]})\n'
-        '    data = data.map(lambda row: {"text": " ".join(turn["content"] for turn in row["messages"])})')
+        '    data = data.map(lambda row: {"text": " ".join(turn["content"] for turn in row["messages"])})',
+    )
     assert '"messages"' in conversations
     write(lm_project, "train.py", conversations)
     result = run_script(lm_project, "--trainer-stages=forward")
     assert failures(result) == ["forward[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
-    result.stdout.fnmatch_lines([
-        "*forward[[]cpu[]] failed: the collator packs samples into one sequence with no boundary between them "
-        "(position_ids do not restart): the second of two packed samples * attends to the one before it; these "
-        "samples are separate conversations*",
-        "*fix: give each packed sample position_ids that restart at 0 and leave attention_mask out*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*forward[[]cpu[]] failed: the collator packs samples into one sequence with no boundary between them "
+            "(position_ids do not restart): the second of two packed samples * attends to the one before it; these "
+            "samples are separate conversations*",
+            "*fix: give each packed sample position_ids that restart at 0 and leave attention_mask out*",
+        ]
+    )
 
 
 def test_texts_packed_with_no_boundary_are_a_note(lm_project: pytest.Pytester) -> None:
@@ -473,20 +553,29 @@ def test_texts_packed_with_no_boundary_are_a_note(lm_project: pytest.Pytester) -
     write(lm_project, "train.py", JOINED.format(mask=MASK_OF_ONES, collator="pack"))
     result = run_script(lm_project, "--trainer-stages=forward", "--trainer-report=report.json")
     assert failures(result) == [], result.stdout.str()[-6000:]
-    notes = [note for item in json.loads((lm_project.path / "report.json").read_text())["items"]
-             for note in item["notes"]]
+    notes = [
+        note for item in json.loads((lm_project.path / "report.json").read_text())["items"] for note in item["notes"]
+    ]
     assert any(note.startswith("the collator packs samples into one sequence with no boundary") for note in notes)
 
 
 def test_prompt_and_answer_samples_packed_with_no_boundary_attend_to_each_other(lm_project: pytest.Pytester) -> None:
     # No stored conversation: the labels leave each sample's prompt out (-100), so each is an example of its own.
-    prompted = JOINED.format(mask=MASK_OF_ONES, collator="pack").replace(
-        'remove_columns=["text"])',
-        'remove_columns=["text"])\n    data = data.map(lambda row: {"labels": [-100, -100] + row["input_ids"][2:]})',
-    ).replace('"labels": torch.tensor([ids])}', '"labels": torch.tensor([[t for r in rows for t in r["labels"]]])}')
+    prompted = (
+        JOINED.format(mask=MASK_OF_ONES, collator="pack")
+        .replace(
+            'remove_columns=["text"])',
+            'remove_columns=["text"])\n    data = data.map(lambda row: {"labels": [-100, -100] + row["input_ids"][2:]})',
+        )
+        .replace('"labels": torch.tensor([ids])}', '"labels": torch.tensor([[t for r in rows for t in r["labels"]]])}')
+    )
     assert prompted.count('"labels"') == 3
     write(lm_project, "train.py", prompted)
     result = run_script(lm_project, "--trainer-stages=forward")
     assert failures(result) == ["forward[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
-    result.stdout.fnmatch_lines(["*forward[[]cpu[]] failed: the collator packs samples into one sequence with no "
-                                 "boundary between them*these samples are separate conversations*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*forward[[]cpu[]] failed: the collator packs samples into one sequence with no "
+            "boundary between them*these samples are separate conversations*"
+        ]
+    )

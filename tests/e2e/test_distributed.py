@@ -46,9 +46,16 @@ GOOD = """
 
 
 def run_distributed(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-processes=2",
-                                         "--trainer-stages=distributed", "-v", "-rs", "--trainer-report=report.json",
-                                         *args)
+    return pytester.runpytest_subprocess(
+        "--trainer-module=train.py",
+        "--trainer-devices=cpu",
+        "--trainer-processes=2",
+        "--trainer-stages=distributed",
+        "-v",
+        "-rs",
+        "--trainer-report=report.json",
+        *args,
+    )
 
 
 def item(pytester: pytest.Pytester, stage: str = "distributed") -> dict:
@@ -77,14 +84,18 @@ def test_a_correct_script_passes_with_two_processes(project: pytest.Pytester) ->
 
 def test_one_process_adds_no_distributed_item(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-processes=1",
-                               "--trainer-stages=dataset", "-v")
+    result = project.runpytest(
+        "--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-processes=1", "--trainer-stages=dataset", "-v"
+    )
     assert "distributed[" not in result.stdout.str()
     result.assert_outcomes(passed=2)
 
 
 def test_unused_parameters_with_gradient_checkpointing_are_named(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import torch
         import tiny
         from transformers import BertForSequenceClassification, Trainer, TrainingArguments
@@ -100,7 +111,8 @@ def test_unused_parameters_with_gradient_checkpointing_are_named(project: pytest
                                  gradient_checkpointing=True)
         trainer = Trainer(model=Classifier(tiny.config()), args=args, train_dataset=data, processing_class=tok)
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
     first = failure(result)
@@ -110,7 +122,10 @@ def test_unused_parameters_with_gradient_checkpointing_are_named(project: pytest
 
 
 def test_an_iterable_eval_set_split_without_dispatch_counts_rows_twice(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import tiny
         from transformers import Trainer, TrainingArguments
 
@@ -126,7 +141,8 @@ def test_an_iterable_eval_set_split_without_dispatch_counts_rows_twice(project: 
         trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=train, eval_dataset=evaluation,
                           processing_class=tok, compute_metrics=accuracy)
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
     assert "compute_metrics received 8 predictions for the 7 rows of the eval split" in failure(result)
@@ -134,7 +150,10 @@ def test_an_iterable_eval_set_split_without_dispatch_counts_rows_twice(project: 
 
 
 def test_a_stream_with_max_steps_and_a_lora_fine_tune_pass(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import tiny
         from peft import LoraConfig, get_peft_model
         from transformers import (DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM, Trainer,
@@ -150,14 +169,18 @@ def test_a_stream_with_max_steps_and_a_lora_fine_tune_pass(project: pytest.Pytes
         trainer = Trainer(model=model, args=args, train_dataset=stream, processing_class=tok,
                           data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "PASSED"}, result.stdout.str()
     assert any(note.startswith("checkpoint reloads to the trained loss") for note in item(project)["notes"])
 
 
 def test_data_built_differently_in_each_process_fails_first(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import tiny
         from transformers import Trainer, TrainingArguments
 
@@ -173,7 +196,8 @@ def test_data_built_differently_in_each_process_fails_first(project: pytest.Pyte
         trainer = Trainer(model=model, args=args, train_dataset=splits["train"], eval_dataset=splits["test"],
                           processing_class=tok)
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
     assert "the 2 processes built different data from the same script (the train split" in failure(result)
@@ -206,7 +230,10 @@ def test_each_process_starts_from_its_own_random_state(project: pytest.Pytester,
 
 
 def test_a_rank_that_hangs_is_named_and_never_hangs_the_session(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import os
         import time
         import tiny
@@ -224,7 +251,8 @@ def test_a_rank_that_hangs_is_named_and_never_hangs_the_session(project: pytest.
         trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok,
                           callbacks=[WaitForMain()])
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project, "--trainer-timeout=40")
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
     first = failure(result)
@@ -234,7 +262,10 @@ def test_a_rank_that_hangs_is_named_and_never_hangs_the_session(project: pytest.
 
 
 def test_a_value_updated_from_each_ranks_data_drifts_apart(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import torch
         import tiny
         from transformers import BertForSequenceClassification, Trainer, TrainingArguments
@@ -256,15 +287,21 @@ def test_a_value_updated_from_each_ranks_data_drifts_apart(project: pytest.Pytes
         args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
         trainer = Trainer(model=Centred(tiny.config()), args=args, train_dataset=data, processing_class=tok)
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
-    assert "after the same steps the ranks hold different weights: 1 parameters differ from rank 0's (centre)" \
+    assert (
+        "after the same steps the ranks hold different weights: 1 parameters differ from rank 0's (centre)"
         in failure(result)
+    )
 
 
 def test_a_file_written_by_every_rank_is_named(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import tiny
         from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -278,15 +315,20 @@ def test_a_file_written_by_every_rank_is_named(project: pytest.Pytester) -> None
         trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok,
                           callbacks=[Export()])
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
     assert "export/config.json (ranks 0, 1)" in failure(result)
 
 
 def test_a_dataloader_of_its_own_that_does_not_shard_trains_every_rank_on_the_same_rows(
-        project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    project: pytest.Pytester,
+) -> None:
+    write(
+        project,
+        "train.py",
+        """
         import tiny
         from torch.utils.data import DataLoader
         from transformers import Trainer, TrainingArguments
@@ -301,14 +343,18 @@ def test_a_dataloader_of_its_own_that_does_not_shard_trains_every_rank_on_the_sa
         args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
         trainer = OwnLoader(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
     assert "every one of the 2 ranks trained on the same rows at each of the 3 micro-batches" in failure(result)
 
 
 def test_a_rank_that_dies_is_reported(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import os
         import signal
         import tiny
@@ -326,7 +372,8 @@ def test_a_rank_that_dies_is_reported(project: pytest.Pytester) -> None:
         args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
         trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, data_collator=collate)
         trainer.train()
-    """)
+    """,
+    )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
     assert "rank 1 of 2 died while" in failure(result)
@@ -346,8 +393,9 @@ PLANTED_BUG = """
 """
 
 
-def test_a_plugin_bug_inside_a_rank_is_an_internal_error(project: pytest.Pytester,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_bug_inside_a_rank_is_an_internal_error(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write(project, "train.py", GOOD)
     (project.path / "ranks").mkdir()
     (project.path / "ranks" / "sitecustomize.py").write_text(textwrap.dedent(PLANTED_BUG))
@@ -389,10 +437,14 @@ def test_fsdp_asked_for_says_what_ran_and_round_trips_the_state_dict(project: py
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "PASSED"}, result.stdout.str()
     notes = item(project)["notes"]
-    assert any(note.startswith("not exercised: the script asks for FSDP; accelerate sets FSDP up on GPUs only")
-               for note in notes), notes
-    assert "FSDP: the state dict round-trips through fully_shard on gloo (2 units of LlamaDecoderLayer, sharded " \
-           "save, full reload)" in notes, notes
+    assert any(
+        note.startswith("not exercised: the script asks for FSDP; accelerate sets FSDP up on GPUs only")
+        for note in notes
+    ), notes
+    assert (
+        "FSDP: the state dict round-trips through fully_shard on gloo (2 units of LlamaDecoderLayer, sharded "
+        "save, full reload)" in notes
+    ), notes
 
 
 def test_fsdp_layer_class_the_model_does_not_have_is_named(project: pytest.Pytester) -> None:

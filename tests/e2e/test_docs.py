@@ -24,7 +24,7 @@ def blocks(text: str, language: str = "") -> list[str]:
 def section(text: str, title: str) -> str:
     start = text.index(f"\n## {title}")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
+    return text[start : end if end != -1 else None]
 
 
 def test_generated_pages_match_their_registries() -> None:
@@ -47,8 +47,12 @@ def test_every_link_of_a_page_points_to_a_file_that_exists(page: Path) -> None:
 
 
 #: Every marker example of the README and the docs, by page.
-MARKER_EXAMPLES = [(page.name, block) for page in PAGES for block in blocks(page.read_text(), "python")
-                   if "@pytest.mark.trainer_pipeline" in block]
+MARKER_EXAMPLES = [
+    (page.name, block)
+    for page in PAGES
+    for block in blocks(page.read_text(), "python")
+    if "@pytest.mark.trainer_pipeline" in block
+]
 
 
 def test_the_readme_shows_a_marker_example() -> None:
@@ -56,9 +60,9 @@ def test_the_readme_shows_a_marker_example() -> None:
 
 
 @pytest.mark.parametrize(("page", "example"), MARKER_EXAMPLES, ids=[page for page, _ in MARKER_EXAMPLES])
-def test_each_marker_example_runs_as_written_on_a_bundled_example(pytester: pytest.Pytester,
-                                                                  monkeypatch: pytest.MonkeyPatch, page: str,
-                                                                  example: str) -> None:
+def test_each_marker_example_runs_as_written_on_a_bundled_example(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, page: str, example: str
+) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     for entry in (ROOT / "conftest_examples" / "regression").iterdir():
@@ -73,8 +77,7 @@ def test_each_marker_example_runs_as_written_on_a_bundled_example(pytester: pyte
 
 
 @pytest.mark.slow  # the pretrained MiniLM
-def test_the_readme_try_it_command_runs_as_written(pytester: pytest.Pytester,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_readme_try_it_command_runs_as_written(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     (commands,) = blocks(section(README, "Try it"))

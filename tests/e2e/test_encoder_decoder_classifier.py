@@ -41,5 +41,9 @@ def test_a_bart_classifier_with_more_classes_than_outputs_fails_dataset(project:
     write(project, "train.py", BART.replace("num_labels=3", "num_labels=2"))
     result = run_script(project)
     assert "dataset[cpu]" in failures(result)
-    result.stdout.fnmatch_lines(["*dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
-                                 "*fix: pass num_labels=3 when building the model, e.g. BartConfig(..., num_labels=3)"])
+    result.stdout.fnmatch_lines(
+        [
+            "*dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
+            "*fix: pass num_labels=3 when building the model, e.g. BartConfig(..., num_labels=3)",
+        ]
+    )

@@ -31,20 +31,24 @@ def test_mnli_example_on_pretrained_minilm(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest(*(f"--trainer-module=mnli/{name}.py" for name in scripts), "-v", "-rs")
     fixed = outcomes(result, "train.py")
     assert {item for item, outcome in fixed.items() if outcome == "PASSED" and item.endswith("[cpu]")} == {
-        f"{stage}[cpu]" for stage in ITEMS if stage != "targets"  # targets audits causal LMs only
+        f"{stage}[cpu]"
+        for stage in ITEMS
+        if stage != "targets"  # targets audits causal LMs only
     } - NO_BUDGET
     on = ["cpu"] if CUDA_MISSING else ["cpu", "cuda"]
     assert failures(result, "train_raw_dataset.py") == [f"dataset[{device}]" for device in on]
     assert failures(result, "train_no_padding.py") == [f"collate[{device}]" for device in on]
     assert failures(result, "train_two_labels.py") == [f"dataset[{device}]" for device in on]
-    result.stdout.fnmatch_lines_random([
-        "dataset[[]cpu[]] failed: the training dataset has text columns 'premise', 'hypothesis' but no 'input_ids'*",
-        "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *) reach a collator that does not pad*",
-        "dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
-        "*fix: pass num_labels=3 when building the model, e.g. AutoModelForSequenceClassification.from_pretrained(..., "
-        "num_labels=3)",  # a pretrained model: the fix keeps from_pretrained
-        "*SKIPPED*CUDA is not available on this machine*" if CUDA_MISSING else "*SKIPPED*save[[]cpu[]] covers it*",
-    ])
+    result.stdout.fnmatch_lines_random(
+        [
+            "dataset[[]cpu[]] failed: the training dataset has text columns 'premise', 'hypothesis' but no 'input_ids'*",
+            "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *) reach a collator that does not pad*",
+            "dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
+            "*fix: pass num_labels=3 when building the model, e.g. AutoModelForSequenceClassification.from_pretrained(..., "
+            "num_labels=3)",  # a pretrained model: the fix keeps from_pretrained
+            "*SKIPPED*CUDA is not available on this machine*" if CUDA_MISSING else "*SKIPPED*save[[]cpu[]] covers it*",
+        ]
+    )
     assert not (pytester.path / "mnli-minilm").exists()
 
 
@@ -56,10 +60,14 @@ def test_advice_on_the_learning_rate_of_a_pretrained_model_is_a_fine_tuning_rate
     script.write_text(script.read_text().replace("learning_rate=2e-5", "learning_rate=0.0"))
     result = pytester.runpytest("--trainer-module=mnli/train.py", "--trainer-stages=step", "--trainer-devices=cpu")
     result.assert_outcomes(passed=1, failed=1)  # load passed
-    result.stdout.fnmatch_lines(["step[[]cpu[]] failed: the learning rate is 0*",
-                                 "  fix: set learning_rate in TrainingArguments (or in the config a framework builds "
-                                 "them from): fine-tuning a pretrained model usually "
-                                 "takes 1e-5 to 5e-5 (1e-4 to 2e-4 for LoRA adapters)"])
+    result.stdout.fnmatch_lines(
+        [
+            "step[[]cpu[]] failed: the learning rate is 0*",
+            "  fix: set learning_rate in TrainingArguments (or in the config a framework builds "
+            "them from): fine-tuning a pretrained model usually "
+            "takes 1e-5 to 5e-5 (1e-4 to 2e-4 for LoRA adapters)",
+        ]
+    )
 
 
 def test_marker_example(pytester: pytest.Pytester) -> None:
@@ -80,8 +88,9 @@ CAUSAL = ("causal_lm", "sft_lora")
 def test_every_task_example_passes_its_suite(pytester: pytest.Pytester) -> None:
     for task in TASKS:
         shutil.copytree(EXAMPLES / task, pytester.path / task)
-    result = pytester.runpytest(*(f"--trainer-module={task}/train.py" for task in TASKS), "--trainer-devices=cpu",
-                                "-v", "-rs")
+    result = pytester.runpytest(
+        *(f"--trainer-module={task}/train.py" for task in TASKS), "--trainer-devices=cpu", "-v", "-rs"
+    )
     for task in TASKS:
         statuses = _outcomes_of(result, f"{task}/train.py")
         skipped = {item: status for item, status in statuses.items() if status != "PASSED"}
@@ -89,8 +98,10 @@ def test_every_task_example_passes_its_suite(pytester: pytest.Pytester) -> None:
         if task in CAUSAL:
             assert skipped == {"labels[cpu]": "SKIPPED", **idle}, (task, statuses)  # an LM's labels are token ids
         else:
-            assert skipped in ({"targets[cpu]": "SKIPPED", **idle},
-                               {"targets[cpu]": "SKIPPED", "labels[cpu]": "SKIPPED", **idle}), (task, statuses)
+            assert skipped in (
+                {"targets[cpu]": "SKIPPED", **idle},
+                {"targets[cpu]": "SKIPPED", "labels[cpu]": "SKIPPED", **idle},
+            ), (task, statuses)
         assert len(statuses) == len(ITEMS) + 1  # and load
     warned = result.stdout.str().partition("warnings summary")[2].partition("-- Docs")[0]
     assert "pytest_trainer" not in warned and "return_outputs=True" not in warned, warned  # none the plugin causes
@@ -105,8 +116,9 @@ OTHER_KINDS = {"seq2seq": {"targets[cpu]", "labels[cpu]"}, "vision": {"targets[c
 def test_seq2seq_and_vision_examples_pass_their_suites(pytester: pytest.Pytester) -> None:
     for name in OTHER_KINDS:
         shutil.copytree(EXAMPLES / name, pytester.path / name)
-    result = pytester.runpytest(*(f"--trainer-module={name}/train.py" for name in OTHER_KINDS),
-                                "--trainer-devices=cpu", "-v", "-rs")
+    result = pytester.runpytest(
+        *(f"--trainer-module={name}/train.py" for name in OTHER_KINDS), "--trainer-devices=cpu", "-v", "-rs"
+    )
     for name, skips in OTHER_KINDS.items():
         statuses = _outcomes_of(result, f"{name}/train.py")
         assert {item for item, status in statuses.items() if status != "PASSED"} == skips | NO_BUDGET, (name, statuses)
@@ -115,7 +127,8 @@ def test_seq2seq_and_vision_examples_pass_their_suites(pytester: pytest.Pytester
     warned = result.stdout.str().partition("warnings summary")[2].partition("-- Docs")[0]
     assert "pytest_trainer" not in warned and "return_outputs=True" not in warned, warned  # none the plugin causes
     assert sorted(path.name for path in pytester.path.iterdir() if not path.name.startswith(".")) == sorted(
-        OTHER_KINDS)  # the scripts' output_dir went to the plugin's temporary folder
+        OTHER_KINDS
+    )  # the scripts' output_dir went to the plugin's temporary folder
 
 
 def _outcomes_of(result: pytest.RunResult, script: str) -> dict[str, str]:
@@ -123,7 +136,7 @@ def _outcomes_of(result: pytest.RunResult, script: str) -> dict[str, str]:
     found = {}
     for line in result.outlines:
         if line.startswith(prefix) and " " in line:
-            item, outcome = line[len(prefix):].split()[:2]
+            item, outcome = line[len(prefix) :].split()[:2]
             found[item] = outcome
     return found
 
@@ -134,6 +147,8 @@ def test_grpo_example_passes_every_item_that_checks_online_rl(pytester: pytest.P
     result = pytester.runpytest("--trainer-module=grpo/train.py", "--trainer-devices=cpu", "-v", "-rs")
     passed = {item for item, outcome in outcomes(result).items() if outcome == "PASSED"}
     assert failures(result) == [], result.stdout.str()[-4000:]
-    assert passed == {f"{stage}[cpu]" for stage in
-                      ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "precision")}
+    assert passed == {
+        f"{stage}[cpu]"
+        for stage in ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "precision")
+    }
     assert not (pytester.path / "grpo-tiny-llama").exists()

@@ -62,8 +62,17 @@ def suggested(name: str, fix: str) -> str:
 
 
 def llama() -> LlamaForCausalLM:
-    return LlamaForCausalLM(LlamaConfig(vocab_size=30, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=30,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
+    )
 
 
 def tokenizer(mask: bool = False) -> PreTrainedTokenizerFast:
@@ -78,8 +87,9 @@ def tokenizer(mask: bool = False) -> PreTrainedTokenizerFast:
 
 
 def test_best_model_with_other_save_and_eval_strategies_names_both_and_the_fix(tmp_path: Path) -> None:
-    settings: dict[str, Any] = dict(output_dir=str(tmp_path), load_best_model_at_end=True, eval_strategy="steps",
-                                    eval_steps=4, report_to="none")
+    settings: dict[str, Any] = dict(
+        output_dir=str(tmp_path), load_best_model_at_end=True, eval_strategy="steps", eval_steps=4, report_to="none"
+    )
     found = explained(lambda: TrainingArguments(**settings, save_strategy="epoch"))
     assert "'steps'" in found.cause and "'epoch'" in found.cause
     assert "save_strategy" in found.fix
@@ -87,16 +97,22 @@ def test_best_model_with_other_save_and_eval_strategies_names_both_and_the_fix(t
 
 
 def test_best_model_with_evaluation_by_epoch_and_saving_by_steps(tmp_path: Path) -> None:
-    settings: dict[str, Any] = dict(output_dir=str(tmp_path), load_best_model_at_end=True, eval_strategy="epoch",
-                                    report_to="none")
+    settings: dict[str, Any] = dict(
+        output_dir=str(tmp_path), load_best_model_at_end=True, eval_strategy="epoch", report_to="none"
+    )
     found = explained(lambda: TrainingArguments(**settings, save_strategy="steps"))
     assert "'epoch'" in found.cause and "'steps'" in found.cause
     TrainingArguments(**settings, save_strategy=suggested("save_strategy", found.fix))
 
 
 def test_best_model_with_save_steps_not_a_multiple_of_eval_steps(tmp_path: Path) -> None:
-    settings: dict[str, Any] = dict(output_dir=str(tmp_path), load_best_model_at_end=True, eval_strategy="steps",
-                                    save_strategy="steps", report_to="none")
+    settings: dict[str, Any] = dict(
+        output_dir=str(tmp_path),
+        load_best_model_at_end=True,
+        eval_strategy="steps",
+        save_strategy="steps",
+        report_to="none",
+    )
     found = explained(lambda: TrainingArguments(**settings, eval_steps=3, save_steps=5))
     assert re.search(r"\b5\b", found.cause) and re.search(r"\b3\b", found.cause)
     save_steps = int(suggested("save_steps", found.fix))
@@ -122,12 +138,16 @@ def test_stream_without_max_steps_is_explained_and_max_steps_fixes_it(tmp_path: 
         yield {"input_ids": [1, 2, 3], "label": 0}
 
     stream = IterableDataset.from_generator(rows)
-    model = BertForSequenceClassification(BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1,
-                                                     num_attention_heads=2, intermediate_size=32))
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    )
 
     def build(**more: Any) -> Trainer:
-        return Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), report_to="none", **more),
-                       train_dataset=stream)
+        return Trainer(
+            model=model,
+            args=TrainingArguments(output_dir=str(tmp_path), report_to="none", **more),
+            train_dataset=stream,
+        )
 
     found = explained(build)
     assert "max_steps" in found.fix
@@ -155,18 +175,29 @@ def test_lora_targets_missing_from_the_model_name_the_model_s_linear_modules() -
 def test_policy_given_as_its_own_reference_is_explained(tmp_path: Path) -> None:
     model = llama()
     pairs = Dataset.from_dict({"prompt": ["a"], "chosen": [" a"], "rejected": [" b"]})
-    found = explained(lambda: trl.DPOTrainer(
-        model=model, ref_model=model, args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False),
-        train_dataset=pairs, processing_class=tokenizer()))
+    found = explained(
+        lambda: trl.DPOTrainer(
+            model=model,
+            ref_model=model,
+            args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False),
+            train_dataset=pairs,
+            processing_class=tokenizer(),
+        )
+    )
     assert "ref_model" in found.cause
     assert "copy.deepcopy(model)" in found.fix
 
 
 def test_reference_model_from_a_config_built_policy_is_explained(tmp_path: Path) -> None:
     pairs = Dataset.from_dict({"prompt": ["a"], "chosen": [" a"], "rejected": [" b"]})
-    found = explained(lambda: trl.DPOTrainer(
-        model=llama(), args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False),
-        train_dataset=pairs, processing_class=tokenizer()))
+    found = explained(
+        lambda: trl.DPOTrainer(
+            model=llama(),
+            args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False),
+            train_dataset=pairs,
+            processing_class=tokenizer(),
+        )
+    )
     assert "reference model" in found.cause
     assert "ref_model=" in found.fix
 
@@ -174,9 +205,15 @@ def test_reference_model_from_a_config_built_policy_is_explained(tmp_path: Path)
 def test_trl_dataset_in_another_format_names_its_columns_and_the_trainer_s_format(tmp_path: Path) -> None:
     pairs = Dataset.from_dict({"question": ["a"], "good": [" a"], "bad": [" b"]})
     model = llama()
-    found = explained(lambda: trl.DPOTrainer(
-        model=model, ref_model=copy.deepcopy(model), train_dataset=pairs, processing_class=tokenizer(),
-        args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False)))
+    found = explained(
+        lambda: trl.DPOTrainer(
+            model=model,
+            ref_model=copy.deepcopy(model),
+            train_dataset=pairs,
+            processing_class=tokenizer(),
+            args=trl.DPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False),
+        )
+    )
     assert all(column in found.cause for column in ("'question'", "'good'", "'bad'"))
     assert "DPOTrainer" in found.cause and "'chosen'" in found.cause
 
@@ -193,8 +230,11 @@ def test_grpo_generations_that_do_not_divide_the_batch_name_both_numbers(tmp_pat
 
 def test_grpo_fix_batch_size_and_divisors_are_accepted(tmp_path: Path) -> None:
     found = explained(lambda: grpo(tmp_path, per_device_train_batch_size=6, num_generations=8))
-    grpo(tmp_path, per_device_train_batch_size=int(suggested("per_device_train_batch_size", found.fix)),
-         num_generations=8)
+    grpo(
+        tmp_path,
+        per_device_train_batch_size=int(suggested("per_device_train_batch_size", found.fix)),
+        num_generations=8,
+    )
     divisors = re.search(r"divisor of \d+ \(([\d, ]+)\)", found.fix)
     assert divisors is not None
     for generations in divisors.group(1).split(", "):
@@ -203,8 +243,12 @@ def test_grpo_fix_batch_size_and_divisors_are_accepted(tmp_path: Path) -> None:
 
 def test_grpo_fix_generation_batch_size_is_accepted(tmp_path: Path) -> None:
     found = explained(lambda: grpo(tmp_path, per_device_train_batch_size=6, num_generations=8))
-    grpo(tmp_path, per_device_train_batch_size=6, num_generations=8,
-         generation_batch_size=int(suggested("generation_batch_size", found.fix)))
+    grpo(
+        tmp_path,
+        per_device_train_batch_size=6,
+        num_generations=8,
+        generation_batch_size=int(suggested("generation_batch_size", found.fix)),
+    )
 
 
 # ---- the table itself -----------------------------------------------------------------------------------------
@@ -240,8 +284,9 @@ def test_script_rows_surface_while_the_script_loads(row: Row) -> None:
     assert row.stage == "load"
 
 
-@pytest.mark.parametrize("row", [row for row in ROWS if row.pattern.pattern and row.name not in SEEN_CUT_SHORT],
-                         ids=lambda row: row.name)
+@pytest.mark.parametrize(
+    "row", [row for row in ROWS if row.pattern.pattern and row.name not in SEEN_CUT_SHORT], ids=lambda row: row.name
+)
 def test_a_row_s_pattern_matches_the_message_it_shows(row: Row) -> None:
     assert row.pattern.search(message_of(row.seen)), f"{row.pattern.pattern!r} misses {row.seen!r}"
 
@@ -251,5 +296,5 @@ def test_rows_whose_seen_text_is_cut_short_are_still_in_the_table_and_still_cut_
     for name in SEEN_CUT_SHORT:
         assert name in by_name, f"{name!r} is no longer a row: drop it from SEEN_CUT_SHORT"
         assert not by_name[name].pattern.search(message_of(by_name[name].seen)), (
-            f"{name!r} now matches its seen text: drop it from SEEN_CUT_SHORT")
-
+            f"{name!r} now matches its seen text: drop it from SEEN_CUT_SHORT"
+        )

@@ -90,9 +90,14 @@ def _report(path: Path) -> dict[tuple[str, str], dict]:
 @pytest.mark.usefixtures("offline")
 def test_classification_rows_show_their_class_and_a_failure_its_cause_and_fix(pytester: pytest.Pytester) -> None:
     shutil.copytree(EXAMPLES / "mnli", pytester.path / "mnli")
-    pytester.runpytest("--trainer-module=mnli/train.py", "--trainer-module=mnli/train_two_labels.py", *CPU,
-                       "--trainer-stages=dataset,collate,memory", "--trainer-html=out/report.html",
-                       "--trainer-report=out/report.json")
+    pytester.runpytest(
+        "--trainer-module=mnli/train.py",
+        "--trainer-module=mnli/train_two_labels.py",
+        *CPU,
+        "--trainer-stages=dataset,collate,memory",
+        "--trainer-html=out/report.html",
+        "--trainer-report=out/report.json",
+    )
     text = (pytester.path / "out/report.html").read_text()
     page = Page(text)
     items = _report(pytester.path / "out/report.json")
@@ -110,8 +115,11 @@ def test_classification_rows_show_their_class_and_a_failure_its_cause_and_fix(py
     assert page.failures == [{"cause": failed["diagnosis"], "fix": failed["fix"]}]
     assert "cpu: 2 items not run, blocked by dataset[cpu]: collate, memory" in "".join(page.text)
 
-    parts = {name.removesuffix("_gib").replace("_", " ") for name in items[("mnli/train.py", "memory")]["figures"]
-             if name.endswith("_gib") and name not in ("train_step_gib", "eval_gathered_gib", "eval_peak_gib")}
+    parts = {
+        name.removesuffix("_gib").replace("_", " ")
+        for name in items[("mnli/train.py", "memory")]["figures"]
+        if name.endswith("_gib") and name not in ("train_step_gib", "eval_gathered_gib", "eval_peak_gib")
+    }
     assert parts == {"weights", "buffers", "optimizer state", "activations and gradients"}
     assert set(page.bars[:4]) == parts
     assert page.bars[4:] == ["training step peak", "evaluation peak (48 rows)"]  # compute_metrics gathers predictions
@@ -120,11 +128,20 @@ def test_classification_rows_show_their_class_and_a_failure_its_cause_and_fix(py
 @pytest.mark.usefixtures("offline")
 def test_chat_rows_train_the_assistant_answer_and_the_curve_has_every_step(pytester: pytest.Pytester) -> None:
     shutil.copytree(EXAMPLES / "sft_lora", pytester.path / "sft_lora")
-    result = pytester.runpytest("--trainer-module=sft_lora/train.py", *CPU, "--trainer-stages=collate,overfit,memory",
-                                "--trainer-html=report.html", "--trainer-report=report.json")
+    result = pytester.runpytest(
+        "--trainer-module=sft_lora/train.py",
+        *CPU,
+        "--trainer-stages=collate,overfit,memory",
+        "--trainer-html=report.html",
+        "--trainer-report=report.json",
+    )
     # The files written are named at the end of the run, as pytest-html names its own.
-    result.stdout.fnmatch_lines([f"*- pytest-trainer JSON report: {(pytester.path / 'report.json').as_uri()} -*",
-                                 f"*- pytest-trainer HTML report: {(pytester.path / 'report.html').as_uri()} -*"])
+    result.stdout.fnmatch_lines(
+        [
+            f"*- pytest-trainer JSON report: {(pytester.path / 'report.json').as_uri()} -*",
+            f"*- pytest-trainer HTML report: {(pytester.path / 'report.html').as_uri()} -*",
+        ]
+    )
     text = (pytester.path / "report.html").read_text()
     page = Page(text)
     items = _report(pytester.path / "report.json")
@@ -155,9 +172,16 @@ def test_pictures_are_extras_of_their_item_in_pytest_html_under_xdist(pytester: 
     if importlib.util.find_spec("xdist") is None:
         pytest.skip("pytest-xdist is not installed")
     shutil.copytree(EXAMPLES / "sft_lora", pytester.path / "sft_lora")
-    result = pytester.runpytest("--trainer-module=sft_lora/train.py", *CPU, "--trainer-stages=collate,overfit",
-                                "--html=report.html", "--self-contained-html", "--trainer-html=trainer.html",
-                                "-n", "1")
+    result = pytester.runpytest(
+        "--trainer-module=sft_lora/train.py",
+        *CPU,
+        "--trainer-stages=collate,overfit",
+        "--html=report.html",
+        "--self-contained-html",
+        "--trainer-html=trainer.html",
+        "-n",
+        "1",
+    )
     result.assert_outcomes(passed=3)
     blob = re.search(r'id="data-container" data-jsonblob="([^"]*)"', (pytester.path / "report.html").read_text())
     assert blob is not None
@@ -166,7 +190,9 @@ def test_pictures_are_extras_of_their_item_in_pytest_html_under_xdist(pytester: 
     assert [Page(fragment).rows != [] for fragment in extras["sft_lora/train.py::collate[cpu]"]] == [True]
     assert [len(Page(fragment).curves) for fragment in extras["sft_lora/train.py::overfit[cpu]"]] == [1]
     assert extras["sft_lora/train.py::load[cpu]"] == []
-    assert all("style=" in fragment and "class='picture" in fragment for fragment in extras["sft_lora/train.py::collate[cpu]"])
+    assert all(
+        "style=" in fragment and "class='picture" in fragment for fragment in extras["sft_lora/train.py::collate[cpu]"]
+    )
     trainer = Page((pytester.path / "trainer.html").read_text())  # from the worker's reports too
     assert len(trainer.rows) == 4 and len(trainer.curves) == 1
 
@@ -176,14 +202,20 @@ def test_user_text_is_escaped_everywhere(tmp_path: Path) -> None:
     report = PipelineReport()
     evil = "<img src=x onerror=alert(1)>"
     report._records["a"] = ItemRecord(
-        f"{evil}.py", "collate", "cpu", outcome="failed", diagnosis=f"cause {evil} & more", fix=f"fix {evil}",
-        notes=[f"precision: {evil}"], figures={evil: 1.0},
-        pictures={"rows": [{"tokens": ["<b>&amp;", " x", "\n"], "trained": [True, False, False], "target": evil,
-                            "cut": 3}],
-                  "memory": {"parts": {evil: 10}, "peak": 10, "budget": 5},
-                  "rewards": {"total": [[1.0, 1.0]], "functions": {evil: [[1.0, 1.0]]}, "ended": [True, False]},
-                  "loss_curve": {"what": evil, "tries": [{"rate": 1e-3, "before": 2.0, "after": 1.0,
-                                                          "curve": [2.0, 1.5]}]}},
+        f"{evil}.py",
+        "collate",
+        "cpu",
+        outcome="failed",
+        diagnosis=f"cause {evil} & more",
+        fix=f"fix {evil}",
+        notes=[f"precision: {evil}"],
+        figures={evil: 1.0},
+        pictures={
+            "rows": [{"tokens": ["<b>&amp;", " x", "\n"], "trained": [True, False, False], "target": evil, "cut": 3}],
+            "memory": {"parts": {evil: 10}, "peak": 10, "budget": 5},
+            "rewards": {"total": [[1.0, 1.0]], "functions": {evil: [[1.0, 1.0]]}, "ended": [True, False]},
+            "loss_curve": {"what": evil, "tries": [{"rate": 1e-3, "before": 2.0, "after": 1.0, "curve": [2.0, 1.5]}]},
+        },
     )
     path = tmp_path / "report.html"
     html.write(path, report)
@@ -204,8 +236,12 @@ def test_the_report_renders_in_headless_chromium(pytester: pytest.Pytester, tmp_
     from PIL import Image
 
     shutil.copytree(EXAMPLES / "sft_lora", pytester.path / "sft_lora")
-    pytester.runpytest("--trainer-module=sft_lora/train.py", *CPU, "--trainer-stages=collate,overfit,memory",
-                       "--trainer-html=report.html")
+    pytester.runpytest(
+        "--trainer-module=sft_lora/train.py",
+        *CPU,
+        "--trainer-stages=collate,overfit,memory",
+        "--trainer-html=report.html",
+    )
     png = tmp_path / "report.png"
     screenshot(browser, pytester.path / "report.html", png, tmp_path / "profile")
     image = Image.open(png).convert("RGB")
@@ -219,9 +255,23 @@ def test_the_report_renders_in_headless_chromium(pytester: pytest.Pytester, tmp_
 
 def screenshot(browser: str, page: Path, png: Path, profile: Path) -> None:
     """A 1200x2400 screenshot of `page` by headless Chromium, with a profile of its own (no first-run state)."""
-    subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars", "--no-first-run",
-                    f"--user-data-dir={profile}", f"--screenshot={png}", "--window-size=1200,2400",
-                    page.resolve().as_uri()], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--hide-scrollbars",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            f"--screenshot={png}",
+            "--window-size=1200,2400",
+            page.resolve().as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert png.exists(), f"chromium wrote no screenshot of {page}"
 
 
@@ -230,8 +280,14 @@ def test_figures_and_notes_are_said_in_words_and_once(pytester: pytest.Pytester)
     """A rotary model has no position limit (said, not a 0); the sampling note every item carries is shown once; an
     overfit that stops after a step says why its curve is short."""
     shutil.copytree(EXAMPLES / "sft_lora", pytester.path / "sft_lora")
-    pytester.runpytest("--trainer-module=sft_lora/train.py", *CPU, "--trainer-stages=overfit,lengths",
-                       "--trainer-sample=100", "--trainer-html=report.html", "--trainer-report=report.json")
+    pytester.runpytest(
+        "--trainer-module=sft_lora/train.py",
+        *CPU,
+        "--trainer-stages=overfit,lengths",
+        "--trainer-sample=100",
+        "--trainer-html=report.html",
+        "--trainer-report=report.json",
+    )
     text = (pytester.path / "report.html").read_text()
     assert text.count("sampled by --trainer-sample") == 1
     assert "no position limit: the model learns no table of absolute positions" in text

@@ -24,18 +24,25 @@ def test_keyword_selection_and_narrowing_options(project: pytest.Pytester) -> No
     result = project.runpytest("--trainer-module=train.py", "-k", "forward and cpu", "-v")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["train.py::forward[[]cpu[]] PASSED*"])
-    narrowed = project.runpytest("--trainer-module=train.py", "--trainer-stages=step,dataset",
-                                 "--trainer-devices=cpu", "--collect-only", "-q")
+    narrowed = project.runpytest(
+        "--trainer-module=train.py", "--trainer-stages=step,dataset", "--trainer-devices=cpu", "--collect-only", "-q"
+    )
     assert [line for line in narrowed.outlines if "::" in line] == [
-        "train.py::load[cpu]", "train.py::dataset[cpu]", "train.py::step[cpu]"]
+        "train.py::load[cpu]",
+        "train.py::dataset[cpu]",
+        "train.py::step[cpu]",
+    ]
     only_cuda = project.runpytest("--trainer-module=train.py", "--trainer-devices=cuda", "--collect-only", "-q")
     if devices.unavailable_reason("cuda") is None:
-        assert [line for line in only_cuda.outlines if "::" in line][:2] == ["train.py::load[cuda]",
-                                                                             "train.py::dataset[cuda]"]
+        assert [line for line in only_cuda.outlines if "::" in line][:2] == [
+            "train.py::load[cuda]",
+            "train.py::dataset[cuda]",
+        ]
     else:  # a GPU gate on a machine without one fails the run instead of skipping every item
         assert only_cuda.ret == pytest.ExitCode.USAGE_ERROR
-        only_cuda.stderr.fnmatch_lines(["ERROR: --trainer-devices on the command line asks for cuda, but CUDA is not "
-                                        "available on this machine*"])
+        only_cuda.stderr.fnmatch_lines(
+            ["ERROR: --trainer-devices on the command line asks for cuda, but CUDA is not available on this machine*"]
+        )
 
 
 def test_ini_keys_let_ci_run_plain_pytest(project: pytest.Pytester) -> None:
@@ -49,7 +56,9 @@ def test_unknown_stage_names_its_source(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
     result = project.runpytest("--trainer-module=train.py", "--trainer-stages=forwrd")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--trainer-stages on the command line: unknown 'forwrd'; choose from load, dataset, *"])
+    result.stderr.fnmatch_lines(
+        ["*--trainer-stages on the command line: unknown 'forwrd'; choose from load, dataset, *"]
+    )
 
 
 def test_script_beside_regular_tests_is_not_imported_as_tests(project: pytest.Pytester) -> None:
@@ -86,19 +95,22 @@ def test_command_line_script_alone_skips_testpaths_but_paths_add_them(project: p
 
 
 def test_loading_the_plugin_imports_no_heavy_library(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_imports="""
+    pytester.makepyfile(
+        test_imports="""
         import sys
 
         def test_light():
             heavy = {"torch", "transformers", "datasets", "pyarrow", "hypothesis.strategies"} & set(sys.modules)
             assert not heavy
-    """)
+    """
+    )
     pytester.runpytest_subprocess("-p", "no:hypothesispytest").assert_outcomes(passed=1)
 
 
 def test_last_failed_reruns_only_the_failed_items(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
     project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-stages=dataset,forward")
-    again = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu",
-                              "--trainer-stages=dataset,forward", "--lf", "-v")
+    again = project.runpytest(
+        "--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-stages=dataset,forward", "--lf", "-v"
+    )
     assert outcomes(again) == {"dataset[cpu]": "FAILED"}

@@ -13,7 +13,9 @@ def test_correct_script_passes_every_cpu_stage_and_skips_cuda(project: pytest.Py
     statuses = outcomes(result)
     idle = set() if torch.cuda.is_available() else {"memory[cpu]"}  # no GPU: the forecast has no budget
     assert {item for item, outcome in statuses.items() if outcome == "PASSED"} == {
-        f"{stage}[cpu]" for stage in ITEMS if stage != "targets"  # targets audits causal LMs only
+        f"{stage}[cpu]"
+        for stage in ITEMS
+        if stage != "targets"  # targets audits causal LMs only
     } - idle
     assert statuses["targets[cpu]"] == "SKIPPED"
     assert {outcome for item, outcome in statuses.items() if item.endswith("[cuda]")} == {"SKIPPED"}
@@ -24,11 +26,13 @@ def test_raw_text_dataset_fails_at_dataset(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace("train_dataset=data", "train_dataset=tiny.text_dataset()"))
     result = run_script(project)
     assert failures(result) == ["dataset[cpu]"]
-    result.stdout.fnmatch_lines([
-        "dataset[[]cpu[]] failed: the training dataset has text columns 'text' but no 'input_ids'*",
-        "*fix: tokenize it first*raw.map(lambda batch: tokenizer(batch[[]\"text\"[]], truncation=True)*",
-        "*SKIPPED*blocked by dataset[[]cpu[]]*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: the training dataset has text columns 'text' but no 'input_ids'*",
+            '*fix: tokenize it first*raw.map(lambda batch: tokenizer(batch[[]"text"[]], truncation=True)*',
+            "*SKIPPED*blocked by dataset[[]cpu[]]*",
+        ]
+    )
 
 
 def test_unpadded_samples_without_tokenizer_fail_at_collate(project: pytest.Pytester) -> None:
@@ -36,21 +40,27 @@ def test_unpadded_samples_without_tokenizer_fail_at_collate(project: pytest.Pyte
     result = run_script(project)
     assert failures(result) == ["collate[cpu]"]
     assert outcomes(result)["forward[cpu]"] == "SKIPPED"
-    result.stdout.fnmatch_lines([
-        "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *, *) reach a "
-        "collator that does not pad*",
-        "*fix: pass the tokenizer to the Trainer (processing_class=tokenizer*DataCollatorWithPadding(tokenizer)*",
-        "original error:",
-        "*ValueError: expected sequence of length*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: samples of different lengths (input_ids lengths of the first rows: *, *) reach a "
+            "collator that does not pad*",
+            "*fix: pass the tokenizer to the Trainer (processing_class=tokenizer*DataCollatorWithPadding(tokenizer)*",
+            "original error:",
+            "*ValueError: expected sequence of length*",
+        ]
+    )
 
 
 def test_tokenizer_without_pad_token_is_named(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace("tok = tiny.tokenizer()", "tok = tiny.tokenizer(pad=False)"))
     result = run_script(project)
     assert failures(result) == ["collate[cpu]"]
-    result.stdout.fnmatch_lines(["collate[[]cpu[]] failed: *the tokenizer (*) has no pad token*",
-                                 "*fix: *tokenizer.pad_token = tokenizer.eos_token*"])
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: *the tokenizer (*) has no pad token*",
+            "*fix: *tokenizer.pad_token = tokenizer.eos_token*",
+        ]
+    )
 
 
 THREE_LABELS_TWO_OUTPUTS = GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(num_labels=2)")
@@ -60,19 +70,23 @@ def test_labels_beyond_the_head_fail_at_dataset(project: pytest.Pytester) -> Non
     write(project, "train.py", THREE_LABELS_TWO_OUTPUTS)
     result = run_script(project)
     assert failures(result) == ["dataset[cpu]"]
-    result.stdout.fnmatch_lines([
-        "dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs (row 2 of the training*",
-        "*fix: pass num_labels=3 when building the model*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs (row 2 of the training*",
+            "*fix: pass num_labels=3 when building the model*",
+        ]
+    )
 
 
 def test_labels_beyond_the_head_are_explained_at_forward_too(project: pytest.Pytester) -> None:
     write(project, "train.py", THREE_LABELS_TWO_OUTPUTS)
     result = run_script(project, "--trainer-stages=forward")
     assert failures(result) == ["forward[cpu]"]
-    result.stdout.fnmatch_lines([
-        "forward[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
-        "*fix: pass num_labels=3*",
-        "original error:",
-        "*IndexError: Target 2 is out of bounds*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "forward[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs*",
+            "*fix: pass num_labels=3*",
+            "original error:",
+            "*IndexError: Target 2 is out of bounds*",
+        ]
+    )

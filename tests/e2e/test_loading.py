@@ -39,27 +39,32 @@ def test_main_with_argparse_defaults_under_main_guard(project: pytest.Pytester) 
 
 
 def test_script_arguments_come_from_trainer_args(project: pytest.Pytester) -> None:
-    write(project, "train.py", ARGPARSE_MAIN.replace('default=5e-4', 'required=True'))
+    write(project, "train.py", ARGPARSE_MAIN.replace("default=5e-4", "required=True"))
     result = run_script(project, "--trainer-args=--lr 0")
     assert failures(result) == ["step[cpu]"]
     result.stdout.fnmatch_lines(["step[[]cpu[]] failed: the learning rate is 0*"])
 
 
 def test_argparse_rejecting_missing_arguments_suggests_trainer_args(project: pytest.Pytester) -> None:
-    write(project, "train.py", ARGPARSE_MAIN.replace('default=5e-4', 'required=True'))
+    write(project, "train.py", ARGPARSE_MAIN.replace("default=5e-4", "required=True"))
     result = run_script(project)
     assert failures(result) == ["load[cpu]"]
     assert set(outcomes(result).values()) == {"SKIPPED"}
-    result.stdout.fnmatch_lines([
-        "load[[]cpu[]] failed: train.py: the script exited (sys.exit with code 2) before building a Trainer*",
-        "*| *error: the following arguments are required: --lr*",
-        "*fix: *--trainer-args=*",
-        "*SKIPPED*the Trainer did not load (see load[[]cpu[]])*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "load[[]cpu[]] failed: train.py: the script exited (sys.exit with code 2) before building a Trainer*",
+            "*| *error: the following arguments are required: --lr*",
+            "*fix: *--trainer-args=*",
+            "*SKIPPED*the Trainer did not load (see load[[]cpu[]])*",
+        ]
+    )
 
 
 def test_trainer_subclass_with_its_own_compute_loss(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import torch
         import tiny
         from transformers import Trainer, TrainingArguments
@@ -80,12 +85,16 @@ def test_trainer_subclass_with_its_own_compute_loss(project: pytest.Pytester) ->
         trainer = WeightedTrainer(model=tiny.classifier(), args=args, processing_class=tok,
                                   train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
         trainer.train()
-    """)
+    """,
+    )
     assert failures(run_script(project)) == []
 
 
 def test_factory_function_instead_of_main(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import tiny
         from transformers import Trainer, TrainingArguments
 
@@ -97,7 +106,8 @@ def test_factory_function_instead_of_main(project: pytest.Pytester) -> None:
 
         if __name__ == "__main__":
             raise SystemExit("a factory script must not run its main block")
-    """)
+    """,
+    )
     result = run_script(project, "--trainer-factory=build_trainer")
     assert failures(result) == []
     assert outcomes(result)["step[cpu]"] == "PASSED"
@@ -111,7 +121,10 @@ def test_script_that_builds_but_never_trains(project: pytest.Pytester) -> None:
 
 
 def test_suite_writes_nothing_into_the_project(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import os
         import tiny
         from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -127,7 +140,8 @@ def test_suite_writes_nothing_into_the_project(project: pytest.Pytester) -> None
         trainer = Trainer(model=tiny.classifier(), args=args, processing_class=tok, callbacks=[WritesAtStart()],
                           train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
         trainer.train()
-    """)
+    """,
+    )
     before = sorted(path.name for path in project.path.iterdir())
     result = run_script(project, "-p", "no:cacheprovider")
     assert failures(result) == []
@@ -138,7 +152,10 @@ def test_suite_writes_nothing_into_the_project(project: pytest.Pytester) -> None
 
 
 def test_process_state_is_restored_after_the_script(project: pytest.Pytester) -> None:
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import logging, os, random, signal, sys, warnings
         import tiny
         from transformers import Trainer, TrainingArguments
@@ -151,7 +168,8 @@ def test_process_state_is_restored_after_the_script(project: pytest.Pytester) ->
         tok = tiny.tokenizer()
         trainer = Trainer(model=tiny.classifier(), args=TrainingArguments(output_dir="out"), processing_class=tok,
                           train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
-    """)
+    """,
+    )
     project.makeconftest("""
         import logging, os, signal, sys, warnings
         import pytest
@@ -173,20 +191,37 @@ def test_process_state_is_restored_after_the_script(project: pytest.Pytester) ->
     ("source", "expected"),
     [
         ("import tiny\ndef broken(:\n", ["*train.py: syntax error: *", "*at *train.py:2*"]),
-        ("import tiny\nimport package_that_is_not_installed\n",
-         ["*train.py: import failed: No module named 'package_that_is_not_installed'*",
-          "*fix: install the missing package*package_that_is_not_installed*"]),
-        ("import tiny\nimport sys\nprint('loading data')\nsys.exit(3)\n",
-         ["*the script exited (sys.exit with code 3) before building a Trainer*", "*| loading data*"]),
-        ("import tiny\ndata = tiny.text_dataset()\nrows = data['missing_column']\n",
-         ["load[[]cpu[]] failed: train.py: ValueError: Column 'missing_column' doesn't exist.",
-          "*at *train.py:3: rows = data*missing_column*",
-          "*fix: the message comes from datasets, called by the script's line above*"]),
-        ("import tiny\nraise RuntimeError('no GPU quota left')\n",
-         ["load[[]cpu[]] failed: train.py: RuntimeError: no GPU quota left", "*at *train.py:2*",
-          "*fix: fix the script at the line above*"]),
-        ("import tiny\nprint('no trainer here')\n",
-         ["*the script finished without building a transformers.Trainer*", "*fix: *--trainer-factory=NAME*"]),
+        (
+            "import tiny\nimport package_that_is_not_installed\n",
+            [
+                "*train.py: import failed: No module named 'package_that_is_not_installed'*",
+                "*fix: install the missing package*package_that_is_not_installed*",
+            ],
+        ),
+        (
+            "import tiny\nimport sys\nprint('loading data')\nsys.exit(3)\n",
+            ["*the script exited (sys.exit with code 3) before building a Trainer*", "*| loading data*"],
+        ),
+        (
+            "import tiny\ndata = tiny.text_dataset()\nrows = data['missing_column']\n",
+            [
+                "load[[]cpu[]] failed: train.py: ValueError: Column 'missing_column' doesn't exist.",
+                "*at *train.py:3: rows = data*missing_column*",
+                "*fix: the message comes from datasets, called by the script's line above*",
+            ],
+        ),
+        (
+            "import tiny\nraise RuntimeError('no GPU quota left')\n",
+            [
+                "load[[]cpu[]] failed: train.py: RuntimeError: no GPU quota left",
+                "*at *train.py:2*",
+                "*fix: fix the script at the line above*",
+            ],
+        ),
+        (
+            "import tiny\nprint('no trainer here')\n",
+            ["*the script finished without building a transformers.Trainer*", "*fix: *--trainer-factory=NAME*"],
+        ),
     ],
     ids=["syntax-error", "import-error", "sys-exit", "library-error", "own-error", "no-trainer"],
 )
@@ -205,8 +240,9 @@ def test_a_script_path_that_does_not_exist_is_a_usage_error(project: pytest.Pyte
     write(project, "train.py", GOOD_SCRIPT)
     result = project.runpytest("--trainer-module=nowhere.py", "--trainer-module=train.py", "--trainer-devices=cpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--trainer-module on the command line: *nowhere.py does not exist; give the path "
-                                 "of the training script*"])
+    result.stderr.fnmatch_lines(
+        ["*--trainer-module on the command line: *nowhere.py does not exist; give the path of the training script*"]
+    )
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
     project.makeini("[pytest]\ntrainer_module = scripts\n")
     (project.path / "scripts").mkdir()
@@ -256,7 +292,8 @@ OWN_CLASSES = """
 
 def test_classes_the_script_defines_pickle_as_in_a_direct_run(project: pytest.Pytester) -> None:
     write(project, "train.py", OWN_CLASSES)
-    project.makepyfile(test_pickles="""
+    project.makepyfile(
+        test_pickles="""
         import pickle
         import sys
 
@@ -269,17 +306,24 @@ def test_classes_the_script_defines_pickle_as_in_a_direct_run(project: pytest.Py
                           trainer.callback_handler.callbacks[-1]):
                 assert type(pickle.loads(pickle.dumps(value))) is type(value)
             assert sys.modules["__main__"] is not sys.modules[type(trainer.args).__module__]
-    """)
-    result = project.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-stages=save",
-                               "test_pickles.py", "-v")
+    """
+    )
+    result = project.runpytest(
+        "--trainer-module=train.py", "--trainer-devices=cpu", "--trainer-stages=save", "test_pickles.py", "-v"
+    )
     assert outcomes(result) == {"save[cpu]": "PASSED"}
     result.assert_outcomes(passed=3)
     assert not script_modules()  # the session ended: the script's module is no longer kept
 
 
 def test_classes_of_a_factory_script_pickle_too(project: pytest.Pytester) -> None:
-    write(project, "train.py", OWN_CLASSES.replace("def main():", "def build():").replace(
-        "trainer.train()", "return trainer").replace('if __name__ == "__main__":\n        main()', ""))
+    write(
+        project,
+        "train.py",
+        OWN_CLASSES.replace("def main():", "def build():")
+        .replace("trainer.train()", "return trainer")
+        .replace('if __name__ == "__main__":\n        main()', ""),
+    )
     result = run_script(project, "--trainer-factory=build", "--trainer-stages=save")
     assert outcomes(result) == {"save[cpu]": "PASSED"}
 
@@ -287,37 +331,59 @@ def test_classes_of_a_factory_script_pickle_too(project: pytest.Pytester) -> Non
 def test_library_frames_under_a_script_error_are_folded(project: pytest.Pytester) -> None:
     write(project, "train.py", "import tiny\ndata = tiny.text_dataset()\nrows = data['missing_column']\n")
     result = run_script(project, "--trainer-stages=dataset")
-    result.stdout.fnmatch_lines(["original error:", "train.py:3: in <module>", "*rows = data*",
-                                 "*: in __init__*", "E   ValueError: Column 'missing_column' doesn't exist.",
-                                 "(* library frames folded; --fulltrace shows them)"])
+    result.stdout.fnmatch_lines(
+        [
+            "original error:",
+            "train.py:3: in <module>",
+            "*rows = data*",
+            "*: in __init__*",
+            "E   ValueError: Column 'missing_column' doesn't exist.",
+            "(* library frames folded; --fulltrace shows them)",
+        ]
+    )
 
 
 def test_a_hung_stage_fails_with_its_name(project: pytest.Pytester) -> None:
-    write(project, "train.py", textwrap.dedent(GOOD_SCRIPT).replace(
-        "trainer = Trainer(", "import time\nfrom transformers import DataCollatorWithPadding\n"
-        "class Stuck(DataCollatorWithPadding):\n"
-        "    def __call__(self, features):\n"
-        "        time.sleep(3600)\n"
-        "trainer = Trainer(data_collator=Stuck(tok), "))
+    write(
+        project,
+        "train.py",
+        textwrap.dedent(GOOD_SCRIPT).replace(
+            "trainer = Trainer(",
+            "import time\nfrom transformers import DataCollatorWithPadding\n"
+            "class Stuck(DataCollatorWithPadding):\n"
+            "    def __call__(self, features):\n"
+            "        time.sleep(3600)\n"
+            "trainer = Trainer(data_collator=Stuck(tok), ",
+        ),
+    )
     result = run_script(project, "--trainer-timeout=2", "--trainer-stages=dataset,collate")
     assert outcomes(result) == {"dataset[cpu]": "PASSED", "collate[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines(["collate[[]cpu[]] failed: collate[[]cpu[]] of train.py did not finish within 2 s*",
-                                 "*fix: *raise --trainer-timeout if it is only slow*"])
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: collate[[]cpu[]] of train.py did not finish within 2 s*",
+            "*fix: *raise --trainer-timeout if it is only slow*",
+        ]
+    )
 
 
 def test_a_hung_script_fails_with_the_remedy(project: pytest.Pytester) -> None:
     write(project, "train.py", "import time\ntime.sleep(3600)\n")
     result = run_script(project, "--trainer-timeout=1", "--trainer-stages=dataset")
     assert failures(result) == ["load[cpu]"]
-    result.stdout.fnmatch_lines(["*train.py: the script did not build its Trainer within 1 s*",
-                                 "*fix: *--trainer-sample*--trainer-timeout*"])
+    result.stdout.fnmatch_lines(
+        ["*train.py: the script did not build its Trainer within 1 s*", "*fix: *--trainer-sample*--trainer-timeout*"]
+    )
 
 
 def test_two_scripts_on_two_workers_each_stay_on_one(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT)
     write(project, "other.py", GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
-    args = ("--trainer-module=train.py", "--trainer-module=other.py", "--trainer-devices=cpu",
-            "--trainer-stages=dataset,collate,forward,eval")
+    args = (
+        "--trainer-module=train.py",
+        "--trainer-module=other.py",
+        "--trainer-devices=cpu",
+        "--trainer-stages=dataset,collate,forward,eval",
+    )
     alone = project.runpytest(*args, "-v")
     spread = project.runpytest(*args, "-v", "-n", "2")
     assert outcomes(spread, "train.py") == outcomes(alone, "train.py")
@@ -333,21 +399,29 @@ def test_two_scripts_on_two_workers_each_stay_on_one(project: pytest.Pytester) -
 def test_unknown_factory_names_the_functions_there_are(project: pytest.Pytester) -> None:
     write(project, "train.py", "import tiny\ndef build():\n    pass\n")
     result = run_script(project, "--trainer-factory=make_trainer", "--trainer-stages=dataset")
-    result.stdout.fnmatch_lines(["load[[]cpu[]] failed: train.py: no function 'make_trainer' in the script",
-                                 "  fix: --trainer-factory names one of its functions: build"])
+    result.stdout.fnmatch_lines(
+        [
+            "load[[]cpu[]] failed: train.py: no function 'make_trainer' in the script",
+            "  fix: --trainer-factory names one of its functions: build",
+        ]
+    )
     result.stdout.no_fnmatch_line("*the script raised ScriptError*")
 
 
 def test_arguments_the_script_rejects_are_named(project: pytest.Pytester) -> None:
     write(project, "train.py", ARGPARSE_MAIN)
     result = run_script(project, "--trainer-args=--bogus 1", "--trainer-stages=dataset")
-    result.stdout.fnmatch_lines(["*error: unrecognized arguments: --bogus 1*",
-                                 "*fix: the script's argument parser rejected *'--bogus', '1'*"])
+    result.stdout.fnmatch_lines(
+        ["*error: unrecognized arguments: --bogus 1*", "*fix: the script's argument parser rejected *'--bogus', '1'*"]
+    )
 
 
 def test_a_framework_reading_the_trainer_signature_sees_the_original(project: pytest.Pytester) -> None:
     """Frameworks choose processing_class= or tokenizer= from the signature of Trainer.__init__ (ms-swift does)."""
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import inspect
         import tiny
         from transformers import Trainer, TrainingArguments
@@ -363,7 +437,8 @@ def test_a_framework_reading_the_trainer_signature_sees_the_original(project: py
         trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, **given)
         assert "resume_from_checkpoint" in inspect.signature(trainer.train).parameters
         trainer.train()
-    """)
+    """,
+    )
     result = run_script(project, "--trainer-stages=load,forward")
     assert failures(result) == [], result.stdout.str()[-3000:]
     assert outcomes(result)["forward[cpu]"] == "PASSED"
@@ -371,10 +446,15 @@ def test_a_framework_reading_the_trainer_signature_sees_the_original(project: py
 
 def test_worker_settings_stay_consistent_without_workers(project: pytest.Pytester) -> None:
     """The plugin loads data in the main process: a prefetch factor, which only workers take, goes with them."""
-    write(project, "train.py", GOOD_SCRIPT.replace(
-        "per_device_train_batch_size=8,",
-        "per_device_train_batch_size=8, dataloader_num_workers=2, dataloader_prefetch_factor=2, "
-        "dataloader_persistent_workers=True,"))
+    write(
+        project,
+        "train.py",
+        GOOD_SCRIPT.replace(
+            "per_device_train_batch_size=8,",
+            "per_device_train_batch_size=8, dataloader_num_workers=2, dataloader_prefetch_factor=2, "
+            "dataloader_persistent_workers=True,",
+        ),
+    )
     result = run_script(project, "--trainer-stages=load,collate,eval")
     assert failures(result) == [], result.stdout.str()[-3000:]
     assert outcomes(result) == {"collate[cpu]": "PASSED", "eval[cpu]": "PASSED"}
@@ -406,8 +486,9 @@ def test_files_written_into_a_new_output_folder_before_train_are_removed(project
     result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
     assert failures(result) == [], result.stdout.str()[-3000:]
     assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before
-    result.stdout.fnmatch_lines(["put back: *outputs: created by the script before train(), with * files; removed when the "
-                                 "session ends"])
+    result.stdout.fnmatch_lines(
+        ["put back: *outputs: created by the script before train(), with * files; removed when the session ends"]
+    )
 
 
 def test_an_existing_output_folder_is_put_back_as_it_was(project: pytest.Pytester) -> None:
@@ -421,11 +502,18 @@ def test_an_existing_output_folder_is_put_back_as_it_was(project: pytest.Pyteste
         os.utime(path, (time.time() - 3600, time.time() - 3600))
     result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
     assert failures(result) == [], result.stdout.str()[-3000:]
-    assert sorted(path.relative_to(run).as_posix() for path in run.rglob("*")) == \
-        ["checkpoint-500", "checkpoint-500/trainer_state.json", "config.yaml"]
+    assert sorted(path.relative_to(run).as_posix() for path in run.rglob("*")) == [
+        "checkpoint-500",
+        "checkpoint-500/trainer_state.json",
+        "config.yaml",
+    ]
     assert (run / "config.yaml").read_text() == "the user's own"
-    result.stdout.fnmatch_lines(["put back: *outputs/run: written by the script before train(); * new files removed; "
-                                 "1 changed files put back when the session ends"])
+    result.stdout.fnmatch_lines(
+        [
+            "put back: *outputs/run: written by the script before train(); * new files removed; "
+            "1 changed files put back when the session ends"
+        ]
+    )
 
 
 def test_a_log_opened_in_the_output_folder_before_the_arguments_is_removed(project: pytest.Pytester) -> None:
@@ -433,7 +521,8 @@ def test_a_log_opened_in_the_output_folder_before_the_arguments_is_removed(proje
     early_log = WRITES_BEFORE_TRAIN.replace(
         '    OUT = "outputs/run"\n',
         '    OUT = "outputs/run"\n    os.makedirs(OUT, exist_ok=True)\n'
-        '    open(os.path.join(OUT, "debug.log"), "w").write("the run log")\n')
+        '    open(os.path.join(OUT, "debug.log"), "w").write("the run log")\n',
+    )
     assert early_log.count("debug.log") == 1
     write(project, "train.py", early_log)
     before = sorted(path.name for path in project.path.iterdir())
@@ -442,33 +531,53 @@ def test_a_log_opened_in_the_output_folder_before_the_arguments_is_removed(proje
     assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before
 
 
-def test_a_cache_made_in_the_working_directory_before_train_is_removed(project: pytest.Pytester,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_made_in_the_working_directory_before_train_is_removed(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """axolotl prepares its dataset into last_run_prepared/ in the working directory unless its config says where."""
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the run below is no worker, whatever runs this test
-    write(project, "train.py", WRITES_BEFORE_TRAIN.replace(
-        '    OUT = "outputs/run"\n',
-        '    OUT = "outputs/run"\n    os.makedirs("last_run_prepared/abc123", exist_ok=True)\n'
-        '    open("last_run_prepared/abc123/data.arrow", "w").write("rows")\n'))
+    write(
+        project,
+        "train.py",
+        WRITES_BEFORE_TRAIN.replace(
+            '    OUT = "outputs/run"\n',
+            '    OUT = "outputs/run"\n    os.makedirs("last_run_prepared/abc123", exist_ok=True)\n'
+            '    open("last_run_prepared/abc123/data.arrow", "w").write("rows")\n',
+        ),
+    )
     before = sorted(path.name for path in project.path.iterdir())
     result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
     assert failures(result) == [], result.stdout.str()[-3000:]
     assert sorted(path.name for path in project.path.iterdir() if path.name != "__pycache__") == before
-    result.stdout.fnmatch_lines(["put back: *last_run_prepared: made by the script before train(), in the working "
-                                 "directory; removed when the session ends"])
+    result.stdout.fnmatch_lines(
+        [
+            "put back: *last_run_prepared: made by the script before train(), in the working "
+            "directory; removed when the session ends"
+        ]
+    )
 
 
-def test_under_xdist_a_cache_made_in_the_working_directory_is_only_named(project: pytest.Pytester,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_under_xdist_a_cache_made_in_the_working_directory_is_only_named(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Other pytest processes share the working directory: what appeared there is named, never removed."""
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
-    write(project, "train.py", WRITES_BEFORE_TRAIN.replace(
-        '    OUT = "outputs/run"\n', '    OUT = "outputs/run"\n    open("prepared.arrow", "w").write("rows")\n'))
+    write(
+        project,
+        "train.py",
+        WRITES_BEFORE_TRAIN.replace(
+            '    OUT = "outputs/run"\n', '    OUT = "outputs/run"\n    open("prepared.arrow", "w").write("rows")\n'
+        ),
+    )
     result = run_script(project, "-p", "no:cacheprovider", "--trainer-stages=load,forward")
     assert failures(result) == [], result.stdout.str()[-3000:]
     assert (project.path / "prepared.arrow").read_text() == "rows"
-    result.stdout.fnmatch_lines(["put back: *prepared.arrow: made by the script before train(); left, as other pytest "
-                                 "processes work in this directory too"])
+    result.stdout.fnmatch_lines(
+        [
+            "put back: *prepared.arrow: made by the script before train(); left, as other pytest "
+            "processes work in this directory too"
+        ]
+    )
 
 
 SFT_ON_TOKENIZED_ROWS = """
@@ -486,8 +595,9 @@ SFT_ON_TOKENIZED_ROWS = """
 
 
 @pytest.mark.parametrize("formatting", ["", ", formatting_func=lambda row: row['text']"], ids=["plain", "ignored"])
-def test_what_the_libraries_warn_of_while_the_trainer_is_built_is_kept(project: pytest.Pytester,
-                                                                      formatting: str) -> None:
+def test_what_the_libraries_warn_of_while_the_trainer_is_built_is_kept(
+    project: pytest.Pytester, formatting: str
+) -> None:
     """TRL logs that it ignores a formatting function on rows already tokenized; load passes, and pytest shows the
     logs of a passing item nowhere: the plugin says it once for the script."""
     from task_scripts import LM
@@ -496,9 +606,11 @@ def test_what_the_libraries_warn_of_while_the_trainer_is_built_is_kept(project: 
     write(project, "train.py", SFT_ON_TOKENIZED_ROWS.format(formatting=formatting))
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == []
-    said = ("the libraries said while the Trainer was built: trl: You passed a dataset that is already processed "
-            "(contains an `input_ids` field) together with a formatting function. Therefore `formatting_func` will "
-            "be ignored.*")
+    said = (
+        "the libraries said while the Trainer was built: trl: You passed a dataset that is already processed "
+        "(contains an `input_ids` field) together with a formatting function. Therefore `formatting_func` will "
+        "be ignored.*"
+    )
     if formatting:
         result.stdout.fnmatch_lines([said])
     else:

@@ -75,39 +75,74 @@ def _tokens(rows: int, length: int, seed: int) -> torch.Tensor:
 
 
 def encoder() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    config = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=LENGTH, num_labels=3)
-    batch = {"input_ids": _tokens(ROWS, LENGTH, 0), "attention_mask": torch.ones(ROWS, LENGTH, dtype=torch.long),
-             "labels": torch.arange(ROWS) % 3}
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=LENGTH,
+        num_labels=3,
+    )
+    batch = {
+        "input_ids": _tokens(ROWS, LENGTH, 0),
+        "attention_mask": torch.ones(ROWS, LENGTH, dtype=torch.long),
+        "labels": torch.arange(ROWS) % 3,
+    }
     return BertForSequenceClassification(config), batch
 
 
 def causal_lm_with_lora() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=LENGTH)
-    model = get_peft_model(LlamaForCausalLM(config),
-                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=LENGTH,
+    )
+    model = get_peft_model(
+        LlamaForCausalLM(config),
+        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     tokens = _tokens(ROWS, LENGTH, 1)
     return model, {"input_ids": tokens, "attention_mask": torch.ones_like(tokens), "labels": tokens.clone()}
 
 
 def seq2seq() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    config = T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
-                      num_heads=4, decoder_start_token_id=0, pad_token_id=0)
-    batch = {"input_ids": _tokens(ROWS, LENGTH, 2), "attention_mask": torch.ones(ROWS, LENGTH, dtype=torch.long),
-             "labels": _tokens(ROWS, LENGTH // 2, 3)}
+    config = T5Config(
+        vocab_size=VOCAB,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    batch = {
+        "input_ids": _tokens(ROWS, LENGTH, 2),
+        "attention_mask": torch.ones(ROWS, LENGTH, dtype=torch.long),
+        "labels": _tokens(ROWS, LENGTH // 2, 3),
+    }
     return T5ForConditionalGeneration(config), batch
 
 
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, dict[str, torch.Tensor]]]] = {
-    "bert": encoder, "llama-lora": causal_lm_with_lora, "t5": seq2seq,
+    "bert": encoder,
+    "llama-lora": causal_lm_with_lora,
+    "t5": seq2seq,
 }
 
 
 class ValueReadingTrainer(Trainer):
     """A Trainer whose loss reads a tensor's value (`.item()`), as custom losses that log or guard do."""
 
-    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+    def compute_loss(
+        self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if not math.isfinite(loss.item()):
             raise FloatingPointError("the loss is not finite")
@@ -143,17 +178,24 @@ def measured_peak(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, t
             running += event.self_cpu_memory_usage
             transient = max(transient, running)
         weights = _storage_bytes([*model.parameters(), *model.buffers()])
-        state = _storage_bytes(value for values in optimizer.state.values() for value in values.values()
-                               if torch.is_tensor(value))
+        state = _storage_bytes(
+            value for values in optimizer.state.values() for value in values.values() if torch.is_tensor(value)
+        )
     assert state > 0, "the optimizer holds no state after a step: the measurement would leave it out"
-    return {"weights and buffers": weights, "optimizer state": state, "step": transient,
-            "peak": weights + state + transient}
+    return {
+        "weights and buffers": weights,
+        "optimizer state": state,
+        "step": transient,
+        "peak": weights + state + transient,
+    }
 
 
 def compare(name: str, forecast: memory_forecast.Forecast, measured: dict[str, int], how: str = "") -> float:
     ratio = forecast.peak / measured["peak"]
-    print(f"\n{name}: forecast {forecast.describe()} from {how or forecast.how}; "
-          f"measured {measured['peak'] / 2**20:.2f} MiB ({measured}); forecast/measured {ratio:.3f}")
+    print(
+        f"\n{name}: forecast {forecast.describe()} from {how or forecast.how}; "
+        f"measured {measured['peak'] / 2**20:.2f} MiB ({measured}); forecast/measured {ratio:.3f}"
+    )
     return ratio
 
 
@@ -171,7 +213,8 @@ def test_forecast_on_fake_tensors_is_within_15_percent_of_the_measured_step(name
     measured = measured_peak(pipeline, model, batch)
     ratio = compare(name, forecast, measured)
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, (
-        f"{name}: forecast {forecast.describe()} vs measured {measured} (ratio {ratio:.3f})")
+        f"{name}: forecast {forecast.describe()} vs measured {measured} (ratio {ratio:.3f})"
+    )
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -184,7 +227,8 @@ def test_forecast_of_a_real_tracked_step_is_within_15_percent_of_the_measured_st
     measured = measured_peak(pipeline, model, batch)
     ratio = compare(name, forecast, measured, how="_training_step(fake=False)")
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, (
-        f"{name}: forecast {forecast.describe()} vs measured {measured} (ratio {ratio:.3f})")
+        f"{name}: forecast {forecast.describe()} vs measured {measured} (ratio {ratio:.3f})"
+    )
 
 
 def test_loss_reading_a_value_falls_back_to_a_real_step_within_15_percent(tmp_path: Any) -> None:
@@ -193,8 +237,9 @@ def test_loss_reading_a_value_falls_back_to_a_real_step_within_15_percent(tmp_pa
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     forecast = memory_forecast.training_step(pipeline, model, batch)
     assert forecast.how.startswith("a real step tracked on this machine"), forecast.how
-    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items()), \
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items()), (
         "the real step of the fallback left its updates in the model's weights"
+    )
     measured = measured_peak(pipeline, model, batch)
     ratio = compare("bert with a loss that reads .item()", forecast, measured)
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, (forecast.describe(), measured, ratio)
@@ -213,7 +258,8 @@ def long_row_data():
     return Dataset.from_dict({"text": texts, "label": [i % 3 for i in range(48)]})
 """
 LONG_ROW_SCRIPT = GOOD_SCRIPT.replace("tiny.text_dataset()", "long_row_data()").replace(
-    "    tok = tiny.tokenizer()\n", "    tok = tiny.tokenizer()\n" + textwrap.indent(LONG_ROW_DATA, "    ") + "\n")
+    "    tok = tiny.tokenizer()\n", "    tok = tiny.tokenizer()\n" + textwrap.indent(LONG_ROW_DATA, "    ") + "\n"
+)
 
 
 def run_memory(project: pytest.Pytester, source: str, *options: str) -> tuple[pytest.RunResult, dict[str, Any]]:
@@ -266,14 +312,19 @@ def test_without_a_budget_the_default_suite_skips_memory_with_the_reason(project
         assert outcomes(result).get("memory[cpu]") == "PASSED", result.stdout.str()[-6000:]
     else:
         assert outcomes(result).get("memory[cpu]") == "SKIPPED", result.stdout.str()[-6000:]
-        result.stdout.fnmatch_lines(["*memory*no GPU memory to forecast against: give the GiB of the GPU you train on "
-                                     "with --trainer-gpu-memory=GIB*"])
+        result.stdout.fnmatch_lines(
+            [
+                "*memory*no GPU memory to forecast against: give the GiB of the GPU you train on "
+                "with --trainer-gpu-memory=GIB*"
+            ]
+        )
     budgeted = run_script(project, "--trainer-gpu-memory=80")
     assert failures(budgeted) == [] and outcomes(budgeted).get("memory[cpu]") == "PASSED", budgeted.stdout.str()[-6000:]
 
 
-def test_memory_stage_on_the_tiny_bert_reports_the_step_at_the_longest_row(project: pytest.Pytester,
-                                                                          tmp_path: Any) -> None:
+def test_memory_stage_on_the_tiny_bert_reports_the_step_at_the_longest_row(
+    project: pytest.Pytester, tmp_path: Any
+) -> None:
     assert LONG_ROW_SCRIPT.count("long_row_data()") == 2
     longest, first_batch = long_row_lengths(tmp_path)
     assert longest > first_batch + 10, (longest, first_batch)  # the first batch alone would not find it
@@ -285,8 +336,10 @@ def test_memory_stage_on_the_tiny_bert_reports_the_step_at_the_longest_row(proje
     parts = sum(value for key, value in figures.items() if key not in ("train_step_gib", "sequence_length"))
     assert parts == pytest.approx(figures["train_step_gib"]), figures
     assert "eval_peak_gib" not in figures, figures  # no compute_metrics, nothing gathered
-    assert any(f"per_device_train_batch_size=8 and the longest sequence of the data ({longest} tokens)" in note
-               for note in item["notes"]), item["notes"]
+    assert any(
+        f"per_device_train_batch_size=8 and the longest sequence of the data ({longest} tokens)" in note
+        for note in item["notes"]
+    ), item["notes"]
 
 
 def test_budget_no_step_fits_in_fails_naming_the_batch_size_and_the_fix(project: pytest.Pytester) -> None:
@@ -294,8 +347,12 @@ def test_budget_no_step_fits_in_fails_naming_the_batch_size_and_the_fix(project:
     text = check_memory_fails(result, item)
     assert "one training step needs about" in text and "per_device_train_batch_size=8" in text, text
     assert "gradient_accumulation_steps" in text and "gradient_checkpointing" in text, text
-    result.stdout.fnmatch_lines(["memory[[]cpu[]] failed: one training step needs about *per_device_train_batch_size=8*",
-                                 "*fix: *gradient_accumulation_steps*gradient_checkpointing*"])
+    result.stdout.fnmatch_lines(
+        [
+            "memory[[]cpu[]] failed: one training step needs about *per_device_train_batch_size=8*",
+            "*fix: *gradient_accumulation_steps*gradient_checkpointing*",
+        ]
+    )
 
 
 @pytest.mark.parametrize("value", ["lots", "-1"])
@@ -354,9 +411,11 @@ GATHERING_SCRIPT = f"""
     trainer.train()
 """
 #: The same script, its logits reduced to token ids before the Trainer gathers them.
-ARGMAX = ("compute_metrics=compute_metrics)",
-          "compute_metrics=compute_metrics,\n"
-          "                      preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1))")
+ARGMAX = (
+    "compute_metrics=compute_metrics)",
+    "compute_metrics=compute_metrics,\n"
+    "                      preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1))",
+)
 REDUCED_SCRIPT = GATHERING_SCRIPT.replace(*ARGMAX)
 
 
@@ -376,9 +435,13 @@ def test_evaluation_gathering_every_rows_logits_fails_a_budget_the_step_fits_in(
     text = check_memory_fails(result, item)
     assert "compute_metrics" in text and f"{EVAL_ROWS} rows" in text, text
     assert "preprocess_logits_for_metrics" in text and "eval_accumulation_steps" in text, text
-    result.stdout.fnmatch_lines(["memory[[]cpu[]] failed: evaluation keeps the predictions of every row on the GPU "
-                                 f"for compute_metrics: {EVAL_ROWS} rows x *",
-                                 "*fix: *preprocess_logits_for_metrics*"])
+    result.stdout.fnmatch_lines(
+        [
+            "memory[[]cpu[]] failed: evaluation keeps the predictions of every row on the GPU "
+            f"for compute_metrics: {EVAL_ROWS} rows x *",
+            "*fix: *preprocess_logits_for_metrics*",
+        ]
+    )
 
     result, item = run_memory(project, REDUCED_SCRIPT, "--trainer-sample=0", f"--trainer-gpu-memory={budget:.6f}")
     check_memory_passes(result, item)
@@ -392,8 +455,9 @@ def test_evaluation_gathering_every_rows_logits_fails_a_budget_the_step_fits_in(
 def test_evaluation_forecast_counts_every_row_of_a_transformed_evaluation_split(project: pytest.Pytester) -> None:
     # The Trainer gathers the predictions of all 400 rows, however many the plugin itself transforms to read the
     # split (--trainer-sample, 256 by default): the count is the dataset's length.
-    source = GATHERING_SCRIPT.replace(f"eval_dataset=rows({EVAL_ROWS})",
-                                      f"eval_dataset=rows({EVAL_ROWS}).with_transform(lambda batch: batch)")
+    source = GATHERING_SCRIPT.replace(
+        f"eval_dataset=rows({EVAL_ROWS})", f"eval_dataset=rows({EVAL_ROWS}).with_transform(lambda batch: batch)"
+    )
     assert source != GATHERING_SCRIPT
     result, item = run_memory(project, source)
     check_memory_passes(result, item)

@@ -29,18 +29,29 @@ SCRIPT = """
 BEST = 'eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True, '
 
 
-def run_eval(project: pytest.Pytester, settings: str, evaluation: str = "data", callbacks: str = "") -> pytest.RunResult:
-    write(project, "train.py", textwrap.dedent(SCRIPT).format(settings=settings, evaluation=evaluation,
-                                                              callbacks=callbacks))
+def run_eval(
+    project: pytest.Pytester, settings: str, evaluation: str = "data", callbacks: str = ""
+) -> pytest.RunResult:
+    write(
+        project,
+        "train.py",
+        textwrap.dedent(SCRIPT).format(settings=settings, evaluation=evaluation, callbacks=callbacks),
+    )
     return run_script(project, "--trainer-stages=eval")
 
 
-@pytest.mark.parametrize("settings", [
-    BEST + 'metric_for_best_model="macro_f1"',
-    BEST + 'metric_for_best_model="eval_macro_f1"',
-    BEST.replace("True", "True, eval_steps=2, save_steps=2").replace('"epoch"', '"steps"'),  # eval_loss, the default
-    'eval_strategy="epoch", metric_for_best_model="eval_loss"',
-], ids=["named", "prefixed", "default-loss", "no-reader"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        BEST + 'metric_for_best_model="macro_f1"',
+        BEST + 'metric_for_best_model="eval_macro_f1"',
+        BEST.replace("True", "True, eval_steps=2, save_steps=2").replace(
+            '"epoch"', '"steps"'
+        ),  # eval_loss, the default
+        'eval_strategy="epoch", metric_for_best_model="eval_loss"',
+    ],
+    ids=["named", "prefixed", "default-loss", "no-reader"],
+)
 def test_settings_reading_returned_metrics_pass(project: pytest.Pytester, settings: str) -> None:
     result = run_eval(project, settings)
     assert outcomes(result) == {"eval[cpu]": "PASSED"}, result.stdout.str()
@@ -49,38 +60,54 @@ def test_settings_reading_returned_metrics_pass(project: pytest.Pytester, settin
 def test_best_metric_compute_metrics_does_not_return_is_named(project: pytest.Pytester) -> None:
     result = run_eval(project, BEST + 'metric_for_best_model="f1"')
     assert outcomes(result) == {"eval[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines([
-        "eval[[]cpu[]] failed: metric_for_best_model='f1' (load_best_model_at_end): the Trainer reads 'eval_f1' from "
-        "each evaluation's metrics, which hold eval_loss, eval_macro_f1; the run crashes with a KeyError at its first "
-        "evaluation (the end of the first epoch)",
-        "  fix: metric_for_best_model='macro_f1', a metric it returns"])
+    result.stdout.fnmatch_lines(
+        [
+            "eval[[]cpu[]] failed: metric_for_best_model='f1' (load_best_model_at_end): the Trainer reads 'eval_f1' from "
+            "each evaluation's metrics, which hold eval_loss, eval_macro_f1; the run crashes with a KeyError at its first "
+            "evaluation (the end of the first epoch)",
+            "  fix: metric_for_best_model='macro_f1', a metric it returns",
+        ]
+    )
 
 
 def test_early_stopping_on_a_metric_of_a_split_dict_names_the_split(project: pytest.Pytester) -> None:
-    result = run_eval(project, BEST + 'metric_for_best_model="loss"', evaluation="{'dev': data, 'test': data}",
-                      callbacks=", callbacks=[EarlyStoppingCallback(early_stopping_patience=2)]")
+    result = run_eval(
+        project,
+        BEST + 'metric_for_best_model="loss"',
+        evaluation="{'dev': data, 'test': data}",
+        callbacks=", callbacks=[EarlyStoppingCallback(early_stopping_patience=2)]",
+    )
     assert outcomes(result) == {"eval[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines([
-        "eval[[]cpu[]] failed: metric_for_best_model='loss' (load_best_model_at_end, EarlyStoppingCallback): the "
-        "Trainer reads 'eval_loss' from *eval_dev_loss*",
-        "  fix: with several evaluation splits each metric is named by its split: metric_for_best_model="
-        "'eval_dev_loss'"])
+    result.stdout.fnmatch_lines(
+        [
+            "eval[[]cpu[]] failed: metric_for_best_model='loss' (load_best_model_at_end, EarlyStoppingCallback): the "
+            "Trainer reads 'eval_loss' from *eval_dev_loss*",
+            "  fix: with several evaluation splits each metric is named by its split: metric_for_best_model="
+            "'eval_dev_loss'",
+        ]
+    )
 
 
 def test_greater_is_better_against_a_loss_like_metric(project: pytest.Pytester) -> None:
     result = run_eval(project, BEST + 'metric_for_best_model="loss", greater_is_better=True')
     assert outcomes(result) == {"eval[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines([
-        "eval[[]cpu[]] failed: metric_for_best_model='loss' is a metric where lower is better, but "
-        "greater_is_better=True: the best model (load_best_model_at_end) is the one with the highest loss, the worst",
-        "  fix: set greater_is_better=False in TrainingArguments"])
+    result.stdout.fnmatch_lines(
+        [
+            "eval[[]cpu[]] failed: metric_for_best_model='loss' is a metric where lower is better, but "
+            "greater_is_better=True: the best model (load_best_model_at_end) is the one with the highest loss, the worst",
+            "  fix: set greater_is_better=False in TrainingArguments",
+        ]
+    )
 
 
 def test_best_model_of_a_run_that_never_evaluates(project: pytest.Pytester) -> None:
     result = run_eval(project, 'load_best_model_at_end=True, metric_for_best_model="macro_f1", save_strategy="no"')
     assert outcomes(result) == {"eval[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines([
-        "eval[[]cpu[]] failed: the run's evaluations drive load_best_model_at_end, but eval_strategy='no': it never "
-        "evaluates, so no checkpoint is ever the best",
-        "  fix: evaluate during training: eval_strategy='epoch' (and save_strategy='epoch' for "
-        "load_best_model_at_end), or 'steps' with eval_steps"])
+    result.stdout.fnmatch_lines(
+        [
+            "eval[[]cpu[]] failed: the run's evaluations drive load_best_model_at_end, but eval_strategy='no': it never "
+            "evaluates, so no checkpoint is ever the best",
+            "  fix: evaluate during training: eval_strategy='epoch' (and save_strategy='epoch' for "
+            "load_best_model_at_end), or 'steps' with eval_steps",
+        ]
+    )

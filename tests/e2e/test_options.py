@@ -200,8 +200,10 @@ def test_a_module_name_near_a_script_s_is_suggested_and_the_path_normalised(pyte
     pytester.makepyfile(train="", evaluate="")
     (pytester.path / "data").mkdir()
     message = usage_error(pytester, "--trainer-module=data/../trian.py")
-    assert message == (f"--trainer-module on the command line: {pytester.path / 'trian.py'} does not exist (did you "
-                       f"mean {pytester.path / 'train.py'}?); give the path of the training script (a .py file)")
+    assert message == (
+        f"--trainer-module on the command line: {pytester.path / 'trian.py'} does not exist (did you "
+        f"mean {pytester.path / 'train.py'}?); give the path of the training script (a .py file)"
+    )
 
 
 def test_a_module_far_from_every_script_suggests_nothing(pytester: pytest.Pytester) -> None:
@@ -212,9 +214,11 @@ def test_a_module_far_from_every_script_suggests_nothing(pytester: pytest.Pytest
 def test_a_module_that_is_no_python_file_is_refused(pytester: pytest.Pytester) -> None:
     (pytester.path / "config.yaml").write_text("model: tiny\n")
     message = usage_error(pytester, "--trainer-module=config.yaml")
-    assert message == (f"--trainer-module on the command line: {pytester.path / 'config.yaml'} is not a Python file; "
-                       "give the path of the training script (a .py file), which the plugin runs up to "
-                       "trainer.train()")
+    assert message == (
+        f"--trainer-module on the command line: {pytester.path / 'config.yaml'} is not a Python file; "
+        "give the path of the training script (a .py file), which the plugin runs up to "
+        "trainer.train()"
+    )
 
 
 def test_module_that_is_a_folder_is_a_usage_error(pytester: pytest.Pytester) -> None:
@@ -225,8 +229,9 @@ def test_module_that_is_a_folder_is_a_usage_error(pytester: pytest.Pytester) -> 
 
 def test_modules_are_resolved_and_given_once_each(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(train="", other="")
-    settings = resolved(pytester, "--trainer-module=train.py", "--trainer-module=other.py",
-                        "--trainer-module=./train.py")
+    settings = resolved(
+        pytester, "--trainer-module=train.py", "--trainer-module=other.py", "--trainer-module=./train.py"
+    )
     assert settings.modules == ((pytester.path / "train.py").resolve(), (pytester.path / "other.py").resolve())
 
 
@@ -263,8 +268,9 @@ def test_every_option_is_registered_under_its_flag(pytester: pytest.Pytester, op
 
 
 @pytest.mark.parametrize("option", options.OPTIONS, ids=lambda option: option.name)
-def test_every_option_has_its_ini_key_unless_command_line_only(pytester: pytest.Pytester,
-                                                               option: options.Option) -> None:
+def test_every_option_has_its_ini_key_unless_command_line_only(
+    pytester: pytest.Pytester, option: options.Option
+) -> None:
     config = pytester.parseconfig()
     assert option.key.startswith("trainer_")
     if option.ini is None:
@@ -274,8 +280,9 @@ def test_every_option_has_its_ini_key_unless_command_line_only(pytester: pytest.
         assert config.getini(option.key) in ("", [], False)
 
 
-@pytest.mark.parametrize("option", [option for option in options.OPTIONS if option.ini is not None],
-                         ids=lambda option: option.name)
+@pytest.mark.parametrize(
+    "option", [option for option in options.OPTIONS if option.ini is not None], ids=lambda option: option.name
+)
 def test_every_ini_key_is_read_into_its_setting(pytester: pytest.Pytester, option: options.Option) -> None:
     path = ini(pytester, **{option.key: "[not valid]"})
     try:

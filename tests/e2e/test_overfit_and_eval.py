@@ -32,24 +32,34 @@ def test_diverging_learning_rate_fails_overfit(project: pytest.Pytester) -> None
     write(project, "train.py", GOOD_SCRIPT.replace('report_to="none"', 'report_to="none", learning_rate=30.0'))
     result = run_script(project, "--trainer-stages=overfit")
     result.assert_outcomes(passed=1, failed=1)  # load passed
-    result.stdout.fnmatch_lines([
-        "overfit[[]cpu[]] failed: the loss *: loss * -> * after 1 step (train-mode loss:*) at learning rate 30",
-        # the tiny model is built from its config: no fine-tuning rate is advised to a model trained from scratch
-        "  fix: lower learning_rate (now 30): a model trained from scratch (built from its config) usually takes 1e-4 "
-        "to 1e-3, with warmup"])
+    result.stdout.fnmatch_lines(
+        [
+            "overfit[[]cpu[]] failed: the loss *: loss * -> * after 1 step (train-mode loss:*) at learning rate 30",
+            # the tiny model is built from its config: no fine-tuning rate is advised to a model trained from scratch
+            "  fix: lower learning_rate (now 30): a model trained from scratch (built from its config) usually takes 1e-4 "
+            "to 1e-3, with warmup",
+        ]
+    )
 
 
 def test_tiny_learning_rate_does_not_learn_one_batch(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace('report_to="none"', 'report_to="none", learning_rate=1e-9'))
     result = run_script(project, "--trainer-stages=overfit")
     result.assert_outcomes(passed=1, failed=1)  # load passed
-    result.stdout.fnmatch_lines(["overfit[[]cpu[]] failed: the model does not learn one fixed batch (the loss barely "
-                                 "moves): loss * -> * after 150 steps*at learning rate 1e-09*"])
+    result.stdout.fnmatch_lines(
+        [
+            "overfit[[]cpu[]] failed: the model does not learn one fixed batch (the loss barely "
+            "moves): loss * -> * after 150 steps*at learning rate 1e-09*"
+        ]
+    )
 
 
 def test_lr_zero_fails_step_and_blocks_overfit_but_not_eval(project: pytest.Pytester) -> None:
-    write(project, "train.py", KIND_SCRIPTS["classification"].replace(
-        'report_to="none"', 'report_to="none", learning_rate=0.0'))
+    write(
+        project,
+        "train.py",
+        KIND_SCRIPTS["classification"].replace('report_to="none"', 'report_to="none", learning_rate=0.0'),
+    )
     result = run_script(project)
     assert failures(result) == ["step[cpu]"]
     assert outcomes(result)["overfit[cpu]"] == "SKIPPED"
@@ -61,36 +71,55 @@ def test_constant_labels_fail_dataset(project: pytest.Pytester) -> None:
     write(project, "train.py", GOOD_SCRIPT.replace("tiny.text_dataset()", "tiny.text_dataset(classes=1)"))
     result = run_script(project, "--trainer-stages=dataset")
     result.assert_outcomes(passed=1, failed=1)  # load passed
-    result.stdout.fnmatch_lines(["*every label of the training dataset is 0: the model can only learn to predict that "
-                                 "class*"])
+    result.stdout.fnmatch_lines(
+        ["*every label of the training dataset is 0: the model can only learn to predict that class*"]
+    )
 
 
 def test_nan_label_fails_dataset(project: pytest.Pytester) -> None:
-    write(project, "train.py", KIND_SCRIPTS["regression"].replace(
-        '/ 10.0})', '/ 10.0 if row["text"] != tiny.sentences(48)[7] else float("nan")})'))
+    write(
+        project,
+        "train.py",
+        KIND_SCRIPTS["regression"].replace(
+            "/ 10.0})", '/ 10.0 if row["text"] != tiny.sentences(48)[7] else float("nan")})'
+        ),
+    )
     result = run_script(project, "--trainer-stages=dataset")
     result.assert_outcomes(passed=1, failed=1)  # load passed
-    result.stdout.fnmatch_lines(["*column 'label' of the training dataset holds nan in row 7 (1 non-finite values in "
-                                 "all)*"])
+    result.stdout.fnmatch_lines(
+        ["*column 'label' of the training dataset holds nan in row 7 (1 non-finite values in all)*"]
+    )
 
 
 def test_token_labels_on_special_tokens(project: pytest.Pytester) -> None:
-    write(project, "train.py", KIND_SCRIPTS["token-classification"].replace(
-        "-100 if word is None else (i + word) % 4", "3 if word is None else (i + word) % 4"))
+    write(
+        project,
+        "train.py",
+        KIND_SCRIPTS["token-classification"].replace(
+            "-100 if word is None else (i + word) % 4", "3 if word is None else (i + word) % 4"
+        ),
+    )
     result = run_script(project, "--trainer-stages=dataset")
     result.assert_outcomes(passed=1, failed=1)  # load passed
-    result.stdout.fnmatch_lines(["*positions of [[]CLS[]] carry label 3 (row 0 of the training dataset, * "
-                                 "special-token positions in all)*",
-                                 "*fix: set the labels of special tokens to -100*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*positions of [[]CLS[]] carry label 3 (row 0 of the training dataset, * special-token positions in all)*",
+            "*fix: set the labels of special tokens to -100*",
+        ]
+    )
 
 
 def test_untokenized_eval_split_fails_eval_not_training(project: pytest.Pytester) -> None:
-    write(project, "train.py", GOOD_SCRIPT.replace("eval_dataset=data",
-                                                   "eval_dataset={'dev': data, 'test': tiny.text_dataset()}"))
+    write(
+        project,
+        "train.py",
+        GOOD_SCRIPT.replace("eval_dataset=data", "eval_dataset={'dev': data, 'test': tiny.text_dataset()}"),
+    )
     result = run_script(project)
     assert failures(result) == ["eval[cpu]"]
-    result.stdout.fnmatch_lines(["eval[[]cpu[]] failed: the evaluation 'test' dataset has text columns 'text' but no "
-                                 "'input_ids'*"])
+    result.stdout.fnmatch_lines(
+        ["eval[[]cpu[]] failed: the evaluation 'test' dataset has text columns 'text' but no 'input_ids'*"]
+    )
 
 
 METRICS_SCRIPT = """
@@ -114,13 +143,25 @@ METRICS_SCRIPT = """
     ("body", "extra", "outcome", "expected"),
     [
         ("return {'accuracy': float((predictions.argmax(-1) == labels).mean())}", "", "passed", None),
-        ("return {'accuracy': float((predictions == labels).mean())}",
-         "preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1)", "passed", None),
-        ("return {'accuracy': (predictions.argmax(-1) == labels).sum() / 0}", "", "failed",
-         "*compute_metrics returned values that are not finite numbers: {'accuracy': *inf*}*"),
-        ("return {'f1': predictions[:, 5].mean()}", "", "failed",
-         "eval[[]cpu[]] failed: compute_metrics raised IndexError on the evaluation predictions (predictions (16, 3), "
-         "label_ids (16,))*"),
+        (
+            "return {'accuracy': float((predictions == labels).mean())}",
+            "preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1)",
+            "passed",
+            None,
+        ),
+        (
+            "return {'accuracy': (predictions.argmax(-1) == labels).sum() / 0}",
+            "",
+            "failed",
+            "*compute_metrics returned values that are not finite numbers: {'accuracy': *inf*}*",
+        ),
+        (
+            "return {'f1': predictions[:, 5].mean()}",
+            "",
+            "failed",
+            "eval[[]cpu[]] failed: compute_metrics raised IndexError on the evaluation predictions (predictions (16, 3), "
+            "label_ids (16,))*",
+        ),
     ],
     ids=["accuracy", "preprocessed-logits", "division-by-zero", "wrong-shape"],
 )

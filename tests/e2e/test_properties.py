@@ -22,96 +22,147 @@ def test_no_false_alarm_on_correct_pipelines(project: pytest.Pytester, kind: str
 def test_class_the_split_never_shows_fails_labels(project: pytest.Pytester) -> None:
     # The ClassLabel names three classes, the rows only use 0 and 1, the head has 2 outputs:
     # the dataset stage sees nothing wrong, but the third class would crash training when it appears.
-    write(project, "train.py", GOOD_SCRIPT.replace(
-        "data = tiny.tokenized(tiny.text_dataset(), tok)",
-        "from datasets import ClassLabel\n"
-        "    data = tiny.tokenized(tiny.text_dataset(classes=2), tok)\n"
-        "    data = data.cast_column('label', ClassLabel(names=['entailment', 'neutral', 'contradiction']))",
-    ).replace("tiny.classifier()", "tiny.classifier(num_labels=2)"))
+    write(
+        project,
+        "train.py",
+        GOOD_SCRIPT.replace(
+            "data = tiny.tokenized(tiny.text_dataset(), tok)",
+            "from datasets import ClassLabel\n"
+            "    data = tiny.tokenized(tiny.text_dataset(classes=2), tok)\n"
+            "    data = data.cast_column('label', ClassLabel(names=['entailment', 'neutral', 'contradiction']))",
+        ).replace("tiny.classifier()", "tiny.classifier(num_labels=2)"),
+    )
     result = run_script(project, "--trainer-stages=dataset,labels")
     assert outcomes(result) == {"dataset[cpu]": "PASSED", "labels[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines([
-        "labels[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs, from the ClassLabel of "
-        "'label': 3 classes*",
-        "*fix: pass num_labels=3*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "labels[[]cpu[]] failed: labels range 0..2 (3 classes) but the model has 2 outputs, from the ClassLabel of "
+            "'label': 3 classes*",
+            "*fix: pass num_labels=3*",
+        ]
+    )
 
 
 def test_class_ids_for_a_multi_label_head_are_explained(project: pytest.Pytester) -> None:
-    write(project, "train.py", GOOD_SCRIPT.replace(
-        "tiny.classifier()", "tiny.classifier(problem_type='multi_label_classification')"))
+    write(
+        project,
+        "train.py",
+        GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(problem_type='multi_label_classification')"),
+    )
     result = run_script(project)
     assert failures(result) == ["forward[cpu]"]
-    result.stdout.fnmatch_lines([
-        "forward[[]cpu[]] failed: multi-label classification (problem_type='multi_label_classification') needs "
-        "float multi-hot labels, one row of 3 zeros and ones per example, but the labels are one value per example*",
-        "*fix: give each example a float row of width 3*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "forward[[]cpu[]] failed: multi-label classification (problem_type='multi_label_classification') needs "
+            "float multi-hot labels, one row of 3 zeros and ones per example, but the labels are one value per example*",
+            "*fix: give each example a float row of width 3*",
+        ]
+    )
 
 
 def test_tokenizer_that_does_not_truncate_to_the_positions_fails_lengths(project: pytest.Pytester) -> None:
-    write(project, "train.py", GOOD_SCRIPT.replace("tok = tiny.tokenizer()",
-                                                   "tok = tiny.tokenizer()\n    tok.model_max_length = 512"))
+    write(
+        project,
+        "train.py",
+        GOOD_SCRIPT.replace("tok = tiny.tokenizer()", "tok = tiny.tokenizer()\n    tok.model_max_length = 512"),
+    )
     result = run_script(project, "--trainer-stages=dataset,lengths")
     assert outcomes(result) == {"dataset[cpu]": "PASSED", "lengths[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines([
-        "lengths[[]cpu[]] failed: the tokenizer's model_max_length is 512 but the model has 64 positions*",
-        "*fix: set tokenizer.model_max_length = 64*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "lengths[[]cpu[]] failed: the tokenizer's model_max_length is 512 but the model has 64 positions*",
+            "*fix: set tokenizer.model_max_length = 64*",
+        ]
+    )
 
 
 def test_collator_that_breaks_on_short_rows_fails_lengths_with_the_shortest(project: pytest.Pytester) -> None:
-    write(project, "train.py", textwrap.dedent(GOOD_SCRIPT).replace(
-        "trainer = Trainer(", "from transformers import DataCollatorWithPadding\n"
-        "class NeedsThreeTokens(DataCollatorWithPadding):\n"
-        "    def __call__(self, features):\n"
-        "        batch = super().__call__(features)\n"
-        "        batch['input_ids'][:, 2]  # reads the third token of every row\n"
-        "        return batch\n"
-        "trainer = Trainer(data_collator=NeedsThreeTokens(tok), "))
+    write(
+        project,
+        "train.py",
+        textwrap.dedent(GOOD_SCRIPT).replace(
+            "trainer = Trainer(",
+            "from transformers import DataCollatorWithPadding\n"
+            "class NeedsThreeTokens(DataCollatorWithPadding):\n"
+            "    def __call__(self, features):\n"
+            "        batch = super().__call__(features)\n"
+            "        batch['input_ids'][:, 2]  # reads the third token of every row\n"
+            "        return batch\n"
+            "trainer = Trainer(data_collator=NeedsThreeTokens(tok), ",
+        ),
+    )
     result = run_script(project, "--trainer-stages=lengths")
     assert failures(result) == ["lengths[cpu]"]
-    result.stdout.fnmatch_lines(["lengths[[]cpu[]] failed: row* resized to 1 token fail: IndexError: *",
-                                 "*shortest failing row as text: '[[]SEP[]]'*"])  # its end token kept, as truncation keeps it
+    result.stdout.fnmatch_lines(
+        [
+            "lengths[[]cpu[]] failed: row* resized to 1 token fail: IndexError: *",
+            "*shortest failing row as text: '[[]SEP[]]'*",
+        ]
+    )  # its end token kept, as truncation keeps it
 
 
 def test_missing_attention_mask_fails_padding(project: pytest.Pytester) -> None:
     # Weights of a realistic scale: with BERT's 0.02 init a tiny model barely reacts to anything.
-    write(project, "train.py", GOOD_SCRIPT.replace(
-        "data = tiny.tokenized(tiny.text_dataset(), tok)",
-        "tok.model_input_names = ['input_ids']\n    data = tiny.tokenized(tiny.text_dataset(), tok)",
-    ).replace("tiny.classifier()", "tiny.classifier(initializer_range=0.5)"))
+    write(
+        project,
+        "train.py",
+        GOOD_SCRIPT.replace(
+            "data = tiny.tokenized(tiny.text_dataset(), tok)",
+            "tok.model_input_names = ['input_ids']\n    data = tiny.tokenized(tiny.text_dataset(), tok)",
+        ).replace("tiny.classifier()", "tiny.classifier(initializer_range=0.5)"),
+    )
     result = run_script(project, PROPERTIES)
     assert failures(result) == ["padding[cpu]"]
-    result.stdout.fnmatch_lines([
-        "padding[[]cpu[]] failed: row * cut to * token* gives other results alone and padded to * beside a longer "
-        "row: logits differ by *; the batch has no attention_mask, so the model attends to the padding*",
-        "*fix: return attention_mask from the tokenizer*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "padding[[]cpu[]] failed: row * cut to * token* gives other results alone and padded to * beside a longer "
+            "row: logits differ by *; the batch has no attention_mask, so the model attends to the padding*",
+            "*fix: return attention_mask from the tokenizer*",
+        ]
+    )
 
 
 def test_token_labels_padded_with_zero_fail_padding(project: pytest.Pytester) -> None:
-    write(project, "train.py", KIND_SCRIPTS["token-classification"].replace(
-        "DataCollatorForTokenClassification(tok)", "DataCollatorForTokenClassification(tok, label_pad_token_id=0)"))
+    write(
+        project,
+        "train.py",
+        KIND_SCRIPTS["token-classification"].replace(
+            "DataCollatorForTokenClassification(tok)", "DataCollatorForTokenClassification(tok, label_pad_token_id=0)"
+        ),
+    )
     result = run_script(project, PROPERTIES)
     assert failures(result) == ["padding[cpu]"]
-    result.stdout.fnmatch_lines([
-        "padding[[]cpu[]] failed: *: the loss differs (*); labels on padded positions are [[]0[]], not -100*",
-        "*fix: pad labels with -100*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "padding[[]cpu[]] failed: *: the loss differs (*); labels on padded positions are [[]0[]], not -100*",
+            "*fix: pad labels with -100*",
+        ]
+    )
 
 
 def test_left_padding_on_a_causal_model_fails_padding(project: pytest.Pytester) -> None:
-    write(project, "train.py", KIND_SCRIPTS["causal-lm"].replace(
-        "tok = tiny.tokenizer()", "tok = tiny.tokenizer()\n        tok.padding_side = 'left'"))
+    write(
+        project,
+        "train.py",
+        KIND_SCRIPTS["causal-lm"].replace(
+            "tok = tiny.tokenizer()", "tok = tiny.tokenizer()\n        tok.padding_side = 'left'"
+        ),
+    )
     result = run_script(project, PROPERTIES)
     assert failures(result) == ["padding[cpu]"]
-    result.stdout.fnmatch_lines(["*the tokenizer pads on the left, which shifts this model's positions*",
-                                 "*fix: pad on the right for training*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*the tokenizer pads on the left, which shifts this model's positions*",
+            "*fix: pad on the right for training*",
+        ]
+    )
 
 
 def test_examples_option_and_strategies_fixture(project: pytest.Pytester) -> None:
-    write(project, "conftest.py", """
+    write(
+        project,
+        "conftest.py",
+        """
         import pytest
         import tiny
         from transformers import Trainer, TrainingArguments
@@ -122,8 +173,12 @@ def test_examples_option_and_strategies_fixture(project: pytest.Pytester) -> Non
             args = TrainingArguments(output_dir=str(tmp_path_factory.mktemp("out")), per_device_train_batch_size=8)
             return Trainer(model=tiny.classifier(), args=args, processing_class=tok,
                            train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
-    """)
-    write(project, "test_own.py", """
+    """,
+    )
+    write(
+        project,
+        "test_own.py",
+        """
         import pytest
         from hypothesis import given, settings
 
@@ -136,7 +191,8 @@ def test_examples_option_and_strategies_fixture(project: pytest.Pytester) -> Non
                 assert 0 <= row < len(trainer.train_dataset)
 
             labels_and_rows_are_real()
-    """)
+    """,
+    )
     project.runpytest("--trainer-examples=5").assert_outcomes(passed=1)
     bad = project.runpytest("--trainer-examples=zero")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
@@ -147,10 +203,12 @@ def test_model_and_tokenizer_disagreeing_on_the_pad_token_fail_padding(project: 
     write(project, "train.py", GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(pad_token_id=1)"))
     result = run_script(project, "--trainer-stages=padding")
     assert failures(result) == ["padding[cpu]"]
-    result.stdout.fnmatch_lines([
-        "padding[[]cpu[]] failed: the model's config.pad_token_id is 1 but the tokenizer pads with 0*",
-        "*fix: model.config.pad_token_id = tokenizer.pad_token_id*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "padding[[]cpu[]] failed: the model's config.pad_token_id is 1 but the tokenizer pads with 0*",
+            "*fix: model.config.pad_token_id = tokenizer.pad_token_id*",
+        ]
+    )
 
 
 def test_rows_padded_when_tokenized_pass_lengths_and_padding(project: pytest.Pytester) -> None:
@@ -158,7 +216,8 @@ def test_rows_padded_when_tokenized_pass_lengths_and_padding(project: pytest.Pyt
     script = GOOD_SCRIPT.replace(
         "tiny.tokenized(tiny.text_dataset(), tok)",
         "tiny.text_dataset().map(lambda batch: tok(batch['text'], truncation=True, padding='max_length', "
-        "max_length=16), batched=True, remove_columns=['text'])")
+        "max_length=16), batched=True, remove_columns=['text'])",
+    )
     assert script != GOOD_SCRIPT
     write(project, "train.py", script)
     result = run_script(project, "--trainer-stages=lengths,padding")
@@ -192,5 +251,9 @@ def test_a_packing_collator_is_not_compared_as_padded_rows(project: pytest.Pytes
     assert failures(result) == [], result.stdout.str()[-3000:]
     assert outcomes(result)["padding[cpu]"] == "SKIPPED"
     assert outcomes(result)["lengths[cpu]"] == "PASSED"
-    result.stdout.fnmatch_lines(["*the collator packs rows into one sequence (it makes 1 sequence of the 2 rows it is "
-                                 "given): no row is padded beside another*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*the collator packs rows into one sequence (it makes 1 sequence of the 2 rows it is "
+            "given): no row is padded beside another*"
+        ]
+    )

@@ -34,7 +34,8 @@ def fields(cls: type) -> set[str]:
 
 @pytest.mark.parametrize("change", renames.ARGUMENTS.values(), ids=lambda change: change.old)
 def test_training_arguments_fields_of_the_table_are_gone_and_their_new_spelling_is_there(
-        change: renames.Change) -> None:
+    change: renames.Change,
+) -> None:
     if not fails_here(change):
         pytest.skip(f"{change.release} removed it: {transformers.__version__} takes it")
     assert change.old not in fields(transformers.TrainingArguments)
@@ -42,9 +43,11 @@ def test_training_arguments_fields_of_the_table_are_gone_and_their_new_spelling_
         assert change.new.split("=")[0].split(",")[0].split()[0] in fields(transformers.TrainingArguments)
 
 
-@pytest.mark.parametrize(("config", "change"), [(config, change) for config, table in renames.CONFIG_FIELDS.items()
-                                                for change in table.values()],
-                         ids=lambda value: value if isinstance(value, str) else value.old)
+@pytest.mark.parametrize(
+    ("config", "change"),
+    [(config, change) for config, table in renames.CONFIG_FIELDS.items() for change in table.values()],
+    ids=lambda value: value if isinstance(value, str) else value.old,
+)
 def test_trl_config_fields_of_the_table_are_gone(config: str, change: renames.Change) -> None:
     cls = getattr(importlib.import_module("trl"), config)
     assert change.old not in fields(cls)
@@ -53,9 +56,14 @@ def test_trl_config_fields_of_the_table_are_gone(config: str, change: renames.Ch
         assert spelling in fields(cls), spelling
 
 
-@pytest.mark.parametrize(("trainer", "config", "setting"), [
-    (trainer, config, setting) for trainer, (config, settings) in renames.MOVED_TO_CONFIG.items()
-    for setting in settings])
+@pytest.mark.parametrize(
+    ("trainer", "config", "setting"),
+    [
+        (trainer, config, setting)
+        for trainer, (config, settings) in renames.MOVED_TO_CONFIG.items()
+        for setting in settings
+    ],
+)
 def test_trl_trainer_settings_of_the_table_moved_out_of_the_trainer(trainer: str, config: str, setting: str) -> None:
     trl = importlib.import_module("trl")
     assert setting not in inspect.signature(getattr(trl, trainer).__init__).parameters
@@ -121,32 +129,38 @@ FAMILIES = {
         SCRIPT.format(arguments=', evaluation_strategy="epoch"', trainer="processing_class=tok"),
         "TrainingArguments takes no 'evaluation_strategy' since transformers 4.46: it was renamed eval_strategy; "
         "this machine has transformers *, and the script was written for an older release",
-        "in TrainingArguments(...), write eval_strategy=... where the script writes evaluation_strategy=..."),
+        "in TrainingArguments(...), write eval_strategy=... where the script writes evaluation_strategy=...",
+    ),
     "max_seq_length.py": (
         SFT.format(arguments=", max_seq_length=32", trainer="processing_class=lm.tokenizer()"),
         "SFTConfig takes no 'max_seq_length' since TRL 0.20: it was renamed max_length; this machine has trl *",
-        "in SFTConfig(...), write max_length=... where the script writes max_seq_length=..."),
+        "in SFTConfig(...), write max_length=... where the script writes max_seq_length=...",
+    ),
     "sft_tokenizer.py": (
         SFT.format(arguments="", trainer="tokenizer=lm.tokenizer()"),
         "SFTTrainer takes no 'tokenizer' since transformers 5.0 (TRL's trainers: TRL 0.16): it was renamed "
         "processing_class*",
-        "in SFTTrainer(...), write processing_class=... where the script writes tokenizer=..."),
+        "in SFTTrainer(...), write processing_class=... where the script writes tokenizer=...",
+    ),
     "dataset_text_field.py": (
         SFT.format(arguments="", trainer='processing_class=lm.tokenizer(), dataset_text_field="text"'),
         "SFTTrainer takes no 'dataset_text_field' since TRL 0.13: the trainer's settings moved into its SFTConfig*",
-        "set it in the config: args = SFTConfig(..., dataset_text_field=...), and pass SFTTrainer(..., args=args)"),
+        "set it in the config: args = SFTConfig(..., dataset_text_field=...), and pass SFTTrainer(..., args=args)",
+    ),
     "completion_collator.py": (
         "from trl import DataCollatorForCompletionOnlyLM\n",
         "trl has no 'DataCollatorForCompletionOnlyLM' since TRL 0.20 (this machine has trl *)",
         "SFTTrainer trains on the completion only by itself: split each text at its response template into 'prompt' "
         "and 'completion' columns (SFTConfig(completion_only_loss=True), the default), or train on 'messages' with "
-        "SFTConfig(assistant_only_loss=True)"),
+        "SFTConfig(assistant_only_loss=True)",
+    ),
     "grpo_training_arguments.py": (
         GRPO_WITH_TRAINING_ARGUMENTS,
         "GRPOTrainer was given a TrainingArguments, which has no '*': each TRL trainer reads its own config's "
         "settings, and GRPOTrainer takes a GRPOConfig",
         "args = GRPOConfig(output_dir=..., ...) with the same settings (it is a TrainingArguments too), and pass "
-        "GRPOTrainer(..., args=args)"),
+        "GRPOTrainer(..., args=args)",
+    ),
 }
 
 #: The same families where only transformers 5 raises.
@@ -154,23 +168,27 @@ FAMILIES_5 = {
     "no_cuda.py": (
         SCRIPT.format(arguments=", no_cuda=True", trainer="processing_class=tok"),
         "TrainingArguments takes no 'no_cuda' since transformers 5.0: it was renamed use_cpu*",
-        "in TrainingArguments(...), write use_cpu=... where the script writes no_cuda=..."),
+        "in TrainingArguments(...), write use_cpu=... where the script writes no_cuda=...",
+    ),
     "warmup_ratio.py": (
         SCRIPT.format(arguments=", warmup_ratio=0.1", trainer="processing_class=tok"),
         "TrainingArguments takes no 'warmup_ratio' since transformers 5: it was renamed warmup_steps, which takes "
         "the same ratio (a value below 1 is a share of the steps)*",
-        "in TrainingArguments(...), write warmup_steps=... where the script writes warmup_ratio=..."),
+        "in TrainingArguments(...), write warmup_steps=... where the script writes warmup_ratio=...",
+    ),
     "trainer_tokenizer.py": (
         SCRIPT.format(arguments="", trainer="tokenizer=tok"),
         "Trainer takes no 'tokenizer' since transformers 5.0*: it was renamed processing_class*",
-        "in Trainer(...), write processing_class=... where the script writes tokenizer=..."),
+        "in Trainer(...), write processing_class=... where the script writes tokenizer=...",
+    ),
     "load_in_4bit.py": (
         LOADED.format(keyword="load_in_4bit=True"),
         "from_pretrained passed 'load_in_4bit' on to LlamaForCausalLM, which does not take it: from_pretrained takes "
         "no 'load_in_4bit' since transformers 5.0: it was renamed quantization_config=BitsAndBytesConfig("
         "load_in_4bit=True)*",
         "in from_pretrained(...), write quantization_config=BitsAndBytesConfig(load_in_4bit=True) where the script "
-        "writes load_in_4bit=..."),
+        "writes load_in_4bit=...",
+    ),
 }
 
 
@@ -178,8 +196,9 @@ def check_families(project: pytest.Pytester, scripts: dict[str, tuple[str, str, 
     project.makepyfile(lm=LM)
     for name, (source, _, _) in scripts.items():
         write(project, name, source)
-    result = project.runpytest(*(f"--trainer-module={name}" for name in scripts), "--trainer-devices=cpu",
-                               "--trainer-stages=dataset", "-v")
+    result = project.runpytest(
+        *(f"--trainer-module={name}" for name in scripts), "--trainer-devices=cpu", "--trainer-stages=dataset", "-v"
+    )
     output = result.stdout.str()
     for name, (_, cause, fix) in scripts.items():
         assert failures(result, name) == ["load[cpu]"], (name, output[-6000:])
@@ -199,10 +218,21 @@ def test_a_current_spelling_is_no_rename(project: pytest.Pytester) -> None:
     """The same scripts with today's spelling build their Trainer."""
     project.makepyfile(lm=LM)
     warmup = ", warmup_steps=0.1" if TRANSFORMERS_5 else ", warmup_ratio=0.1"  # 4.x: a ratio has its own name
-    write(project, "current.py", SCRIPT.format(arguments=f', eval_strategy="no", use_cpu=True{warmup}',
-                                               trainer="processing_class=tok"))
-    write(project, "sft.py", SFT.format(arguments=', max_length=32, dataset_text_field="text"',
-                                        trainer="processing_class=lm.tokenizer()"))
-    result = project.runpytest("--trainer-module=current.py", "--trainer-module=sft.py", "--trainer-devices=cpu",
-                               "--trainer-stages=dataset", "-v")
+    write(
+        project,
+        "current.py",
+        SCRIPT.format(arguments=f', eval_strategy="no", use_cpu=True{warmup}', trainer="processing_class=tok"),
+    )
+    write(
+        project,
+        "sft.py",
+        SFT.format(arguments=', max_length=32, dataset_text_field="text"', trainer="processing_class=lm.tokenizer()"),
+    )
+    result = project.runpytest(
+        "--trainer-module=current.py",
+        "--trainer-module=sft.py",
+        "--trainer-devices=cpu",
+        "--trainer-stages=dataset",
+        "-v",
+    )
     assert failures(result, "current.py") == failures(result, "sft.py") == [], result.stdout.str()[-4000:]

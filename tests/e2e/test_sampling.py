@@ -58,13 +58,15 @@ def test_a_bad_row_beyond_the_sample_is_out_of_reach_but_within_it_is_found(thou
 
 
 def test_batch_size_option_sets_the_fixed_batch(thousand_rows: pytest.Pytester) -> None:
-    thousand_rows.makepyfile(test_batch="""
+    thousand_rows.makepyfile(
+        test_batch="""
         import pytest
 
         @pytest.mark.trainer_pipeline(module="train.py", stages=["collate"], devices=["cpu"])
         def test_size(train_batch):
             assert train_batch["input_ids"].shape[0] == 3
-    """)
+    """
+    )
     thousand_rows.runpytest("test_batch.py", "--trainer-batch-size=3").assert_outcomes(passed=1)
 
 
@@ -76,6 +78,7 @@ def test_the_sample_spreads_over_the_split_so_its_last_rows_are_read(thousand_ro
     result = run_script(thousand_rows, "--trainer-stages=dataset", "--trainer-report=report.json")
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(["*labels range 0..7 (8 classes) but the model has 3 outputs*"])
-    notes = [note for item in json.loads((thousand_rows.path / "report.json").read_text())["items"]
-             for note in item["notes"]]
+    notes = [
+        note for item in json.loads((thousand_rows.path / "report.json").read_text())["items"] for note in item["notes"]
+    ]
     assert any("256 of 1000 rows, evenly spaced" in note for note in notes), notes

@@ -46,8 +46,11 @@ def run_stages(project: pytest.Pytester, source: str, stages: tuple[str, ...]) -
     write(project, "train.py", source)
     result = run_script(project, "--trainer-stages=" + ",".join(stages), "--trainer-report=report.json")
     report = json.loads((project.path / "report.json").read_text())
-    items = {item["stage"]: item for item in report["items"]
-             if item["script"] == "train.py" and item["device"] == "cpu" and item["stage"] != "load"}
+    items = {
+        item["stage"]: item
+        for item in report["items"]
+        if item["script"] == "train.py" and item["device"] == "cpu" and item["stage"] != "load"
+    }
     assert set(items) == set(stages), (sorted(items), result.stdout.str()[-6000:])
     return result, items
 
@@ -114,8 +117,15 @@ def test_correct_pipeline_saves_and_reloads_to_the_same_outputs(project: pytest.
     save = check_passes(result, items, SAVE_STAGES)
     (note,) = save["notes"]
     assert note.endswith("BertForSequenceClassification.from_pretrained reloads it to the same outputs"), note
-    assert {"config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "tokenizer.json",
-            "training_args.bin"} <= saved_files(note), note
+    assert {
+        "config.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "tokenizer.json",
+        "training_args.bin",
+    } <= saved_files(note), note
     # The tiny BERT holds about 4,000 fp32 weights: 16 KiB, 48 KiB with Adam's two moments, and the tokenizer.
     assert 0.01 < save["figures"]["checkpoint_mib"] < 1, save["figures"]
     assert save["figures"]["checkpoint_files"] >= 7, save["figures"]
@@ -159,8 +169,9 @@ def test_own_model_with_undeclared_shared_weights_fails_save(project: pytest.Pyt
     result, items = run_stages(project, OWN_MASKED_LM.format(tie=SHARED_HEAD), SAVE_STAGES)
     save = check_fails(result, items, SAVE_STAGES)
     diagnosis, fix = save["diagnosis"], save["fix"]
-    assert diagnosis.startswith("safetensors refuses to save weights that share memory without being declared tied"), \
+    assert diagnosis.startswith("safetensors refuses to save weights that share memory without being declared tied"), (
         diagnosis
+    )
     assert "'head.weight'" in diagnosis and "'encoder.embeddings.word_embeddings.weight'" in diagnosis, diagnosis
     assert "save_model fail" in diagnosis, diagnosis
     assert "_tied_weights_keys" in fix and "tie_weights" in fix and "nn.Parameter(weight.clone())" in fix, fix
@@ -172,8 +183,10 @@ def test_own_model_without_shared_weights_passes_save(project: pytest.Pytester) 
     (note,) = save["notes"]
     # No config: Trainer._save writes the state dict alone with safetensors for a model that is not a PreTrainedModel.
     assert "model.safetensors" in saved_files(note) and "config.json" not in saved_files(note), note
-    assert note.endswith("the MaskedLM has no from_pretrained: its checkpoint holds its whole state dict "
-                         "(reload it with load_state_dict(safetensors.torch.load_file(...)))"), note
+    assert note.endswith(
+        "the MaskedLM has no from_pretrained: its checkpoint holds its whole state dict "
+        "(reload it with load_state_dict(safetensors.torch.load_file(...)))"
+    ), note
 
 
 LORA_LM = """
@@ -211,7 +224,8 @@ def test_a_lora_checkpoint_the_trainer_saves_without_its_tokenizer_passes_save(p
     adapter_only = LORA_LM.replace("trainer = Trainer(", "trainer = AdapterOnly(").replace(
         "tok = lm.tokenizer()",
         "class AdapterOnly(Trainer):\n        def _save(self, output_dir=None, state_dict=None):\n"
-        "            self.model.save_pretrained(output_dir)\n\n\n    tok = lm.tokenizer()")
+        "            self.model.save_pretrained(output_dir)\n\n\n    tok = lm.tokenizer()",
+    )
     assert adapter_only.count("AdapterOnly") == 2
     result, items = run_stages(project, adapter_only, SAVE_STAGES)
     save = check_passes(result, items, SAVE_STAGES)
@@ -227,7 +241,9 @@ def test_config_value_json_cannot_store_fails_save(project: pytest.Pytester) -> 
     save = check_fails(result, items, SAVE_STAGES)
     diagnosis, fix = save["diagnosis"], save["fix"]
     assert diagnosis.startswith("the model's config holds a value JSON cannot store"), diagnosis
-    assert "Object of type set is not JSON serializable" in diagnosis and "save_pretrained fails" in diagnosis, diagnosis
+    assert "Object of type set is not JSON serializable" in diagnosis and "save_pretrained fails" in diagnosis, (
+        diagnosis
+    )
     assert fix.startswith("keep config attributes to plain values"), fix
 
 
@@ -316,12 +332,21 @@ def test_a_finding_in_backward_does_not_hide_a_checkpoint_that_cannot_be_written
     # A pooler the forward never uses (no gradient: DDP's unused-parameter failure, where the script tells DDP not to
     # look for unused parameters) and a head sharing the embedding without declaring it: one run names both, since
     # one process still trains past the first.
-    script = OWN_MASKED_LM.format(tie=SHARED_HEAD).replace("add_pooling_layer=False", "add_pooling_layer=True").replace(
-        'report_to="none")', 'report_to="none", ddp_find_unused_parameters=False)', 1)
+    script = (
+        OWN_MASKED_LM.format(tie=SHARED_HEAD)
+        .replace("add_pooling_layer=False", "add_pooling_layer=True")
+        .replace('report_to="none")', 'report_to="none", ddp_find_unused_parameters=False)', 1)
+    )
     assert "ddp_find_unused_parameters=False" in script
     result, items = run_stages(project, script, SAVE_STAGES)
-    assert outcomes(result) == {"dataset[cpu]": "PASSED", "collate[cpu]": "PASSED", "forward[cpu]": "PASSED",
-                                "backward[cpu]": "FAILED", "step[cpu]": "PASSED", "save[cpu]": "FAILED"}
+    assert outcomes(result) == {
+        "dataset[cpu]": "PASSED",
+        "collate[cpu]": "PASSED",
+        "forward[cpu]": "PASSED",
+        "backward[cpu]": "FAILED",
+        "step[cpu]": "PASSED",
+        "save[cpu]": "FAILED",
+    }
     assert items["backward"]["diagnosis"].startswith("2 of "), items["backward"]
     assert "encoder.pooler.dense.weight" in items["backward"]["diagnosis"], items["backward"]
     assert items["save"]["diagnosis"].startswith("safetensors refuses to save weights that share memory"), items["save"]

@@ -107,8 +107,19 @@ CROSS_ENCODER = """
 
 #: Every CPU item that checks a sentence-transformers pipeline; targets, labels and lengths skip with the reason (no
 #: causal-LM supervision; the loss decides what a label is; the library tokenizes and cuts the texts itself).
-CHECKED = ("dataset", "collate", "forward", "backward", "step", "overfit", "save", "eval", "precision", "memory",
-           "padding")
+CHECKED = (
+    "dataset",
+    "collate",
+    "forward",
+    "backward",
+    "step",
+    "overfit",
+    "save",
+    "eval",
+    "precision",
+    "memory",
+    "padding",
+)
 
 
 def run(project: pytest.Pytester, source: str, *args: str) -> tuple[pytest.RunResult, dict[str, dict]]:
@@ -122,8 +133,9 @@ def run(project: pytest.Pytester, source: str, *args: str) -> tuple[pytest.RunRe
 def test_a_bi_encoder_with_in_batch_negatives_and_an_evaluator_passes(project: pytest.Pytester) -> None:
     result, report = run(project, BI_ENCODER)
     assert failures(result) == [], result.stdout.str()[-4000:]
-    assert {item: outcome for item, outcome in outcomes(result).items() if outcome == "PASSED"} == \
-        {f"{stage}[cpu]": "PASSED" for stage in CHECKED}
+    assert {item: outcome for item, outcome in outcomes(result).items() if outcome == "PASSED"} == {
+        f"{stage}[cpu]": "PASSED" for stage in CHECKED
+    }
     assert report["save"]["notes"][0].endswith("SentenceTransformer(folder) reloads it to the same loss and weights")
     assert "modules.json" in report["save"]["notes"][0]
     assert "evaluator_dev_cosine_accuracy" in report["eval"]["figures"], report["eval"]
@@ -138,7 +150,8 @@ def test_an_evaluator_that_crashes_fails_eval(project: pytest.Pytester) -> None:
         "        def __call__(self, model, output_path=None, epoch=-1, steps=-1):\n"
         "            embeddings = model.encode(test['anchor'], convert_to_tensor=True)\n"
         "            return {'spread': float(embeddings.std(dim=0)[embeddings.shape[1]])}\n\n\n"
-        "    evaluator = Spread() or TripletEvaluator(")
+        "    evaluator = Spread() or TripletEvaluator(",
+    )
     assert broken.count("class Spread") == 1
     result, _ = run(project, broken, "--trainer-stages=load,eval")
     assert failures(result) == ["eval[cpu]"], result.stdout.str()[-4000:]
@@ -148,26 +161,31 @@ def test_an_evaluator_that_crashes_fails_eval(project: pytest.Pytester) -> None:
 def test_a_cross_encoder_reranker_passes(project: pytest.Pytester) -> None:
     result, report = run(project, CROSS_ENCODER)
     assert failures(result) == [], result.stdout.str()[-4000:]
-    assert {item: outcome for item, outcome in outcomes(result).items() if outcome == "PASSED"} == \
-        {f"{stage}[cpu]": "PASSED" for stage in CHECKED}
+    assert {item: outcome for item, outcome in outcomes(result).items() if outcome == "PASSED"} == {
+        f"{stage}[cpu]": "PASSED" for stage in CHECKED
+    }
     assert report["save"]["notes"][0].endswith("CrossEncoder(folder) reloads it to the same loss and weights")
 
 
 def test_graded_relevance_under_binary_cross_entropy_fails_dataset(project: pytest.Pytester) -> None:
     """Relevance graded 0 to 3 given to BinaryCrossEntropyLoss, whose targets are probabilities."""
-    graded = CROSS_ENCODER.replace("train, test = Dataset.from_dict(st.pairs(32)), Dataset.from_dict(st.pairs(8))",
-                                   "rows = st.pairs(32)\n    rows['label'] = [float(i % 4) for i in range(32)]\n"
-                                   "    train, test = Dataset.from_dict(rows), Dataset.from_dict(st.pairs(8))")
+    graded = CROSS_ENCODER.replace(
+        "train, test = Dataset.from_dict(st.pairs(32)), Dataset.from_dict(st.pairs(8))",
+        "rows = st.pairs(32)\n    rows['label'] = [float(i % 4) for i in range(32)]\n"
+        "    train, test = Dataset.from_dict(rows), Dataset.from_dict(st.pairs(8))",
+    )
     assert graded != CROSS_ENCODER
     result, _ = run(project, graded, "--trainer-stages=load,dataset,forward")
     assert failures(result) == ["dataset[cpu]"], result.stdout.str()[-4000:]
     assert outcomes(result)["forward[cpu]"] == "PASSED"  # training runs: the finding blocks nothing
-    result.stdout.fnmatch_lines([
-        "*dataset[[]cpu[]] failed: BinaryCrossEntropyLoss takes labels from 0 to 1 (binary cross-entropy takes targets "
-        "between 0 and 1), but the training dataset's 'label' runs from 0 to 3 (16 rows outside; the first is row 2, "
-        "'label' 2)*",
-        "*fix: scale 'label' into range*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*dataset[[]cpu[]] failed: BinaryCrossEntropyLoss takes labels from 0 to 1 (binary cross-entropy takes targets "
+            "between 0 and 1), but the training dataset's 'label' runs from 0 to 3 (16 rows outside; the first is row 2, "
+            "'label' 2)*",
+            "*fix: scale 'label' into range*",
+        ]
+    )
 
 
 def test_a_pair_loss_given_triplets_fails_dataset(project: pytest.Pytester) -> None:
@@ -175,17 +193,20 @@ def test_a_pair_loss_given_triplets_fails_dataset(project: pytest.Pytester) -> N
     cosent = BI_ENCODER.replace("MultipleNegativesRankingLoss", "CoSENTLoss")
     result, _ = run(project, cosent, "--trainer-stages=load,dataset")
     assert failures(result) == ["dataset[cpu]"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines([
-        "*dataset[[]cpu[]] failed: CoSENTLoss takes exactly 2 text columns, but the training dataset feeds 3 text "
-        "columns (anchor, positive, negative)*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*dataset[[]cpu[]] failed: CoSENTLoss takes exactly 2 text columns, but the training dataset feeds 3 text "
+            "columns (anchor, positive, negative)*",
+        ]
+    )
 
 
 #: Each anchor text written four times, with a positive of its own: a natural shape of mined pairs.
 REPEATED_ANCHORS = BI_ENCODER.replace(
     "train, test = Dataset.from_dict(st.triplets(32)), Dataset.from_dict(st.triplets(8))",
     "rows = st.triplets(32)\n    rows['anchor'] = [rows['anchor'][i // 4] for i in range(32)]\n"
-    "    train, test = Dataset.from_dict(rows), Dataset.from_dict(st.triplets(8))")
+    "    train, test = Dataset.from_dict(rows), Dataset.from_dict(st.triplets(8))",
+)
 
 
 def test_texts_repeated_within_batches_under_in_batch_negatives_fail_dataset(project: pytest.Pytester) -> None:
@@ -193,11 +214,13 @@ def test_texts_repeated_within_batches_under_in_batch_negatives_fail_dataset(pro
     assert "rows['anchor'] = " in repeated and "no_duplicates" not in repeated
     result, _ = run(project, repeated, "--trainer-stages=load,dataset")
     assert failures(result) == ["dataset[cpu]"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines([
-        "*dataset[[]cpu[]] failed: * of 32 training rows share a text with another row of their batch "
-        "(MultipleNegativesRankingLoss takes each other row of a batch as a negative)*",
-        "*fix: batch with batch_sampler=BatchSamplers.NO_DUPLICATES*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*dataset[[]cpu[]] failed: * of 32 training rows share a text with another row of their batch "
+            "(MultipleNegativesRankingLoss takes each other row of a batch as a negative)*",
+            "*fix: batch with batch_sampler=BatchSamplers.NO_DUPLICATES*",
+        ]
+    )
 
 
 def test_repeated_texts_with_the_no_duplicates_sampler_pass(project: pytest.Pytester) -> None:
@@ -210,7 +233,9 @@ def test_a_learning_rate_of_zero_fails_step(project: pytest.Pytester) -> None:
     frozen = CROSS_ENCODER.replace("learning_rate=1e-3", "learning_rate=0.0")
     result, _ = run(project, frozen, "--trainer-stages=load,step")
     assert failures(result) == ["step[cpu]"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines(["*step[[]cpu[]] failed: the learning rate is 0, so no optimizer step can change the weights"])
+    result.stdout.fnmatch_lines(
+        ["*step[[]cpu[]] failed: the learning rate is 0, so no optimizer step can change the weights"]
+    )
 
 
 def test_a_pooling_that_averages_the_padding_fails_padding(project: pytest.Pytester) -> None:
@@ -223,12 +248,15 @@ def test_a_pooling_that_averages_the_padding_fails_padding(project: pytest.Pytes
         "            features['sentence_embedding'] = features['token_embeddings'].mean(dim=1)\n"
         "            return features\n\n\n"
         "    from sentence_transformers.sentence_transformer import SentenceTransformer\n"
-        "    model = SentenceTransformer(modules=[st.bi_encoder()[0], MeanOfEveryToken()], device='cpu')")
+        "    model = SentenceTransformer(modules=[st.bi_encoder()[0], MeanOfEveryToken()], device='cpu')",
+    )
     assert mean_of_every_token.count("MeanOfEveryToken") == 2
     result, _ = run(project, mean_of_every_token, "--trainer-stages=load,padding")
     assert failures(result) == ["padding[cpu]"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines([
-        "*padding[[]cpu[]] failed: the embedding of * changes by * (relative) when it is encoded beside a longer text "
-        "and so padded: the model reads the padding*",
-        "*fix: pool over the real tokens only, with features[[]'attention_mask'[]]*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*padding[[]cpu[]] failed: the embedding of * changes by * (relative) when it is encoded beside a longer text "
+            "and so padded: the model reads the padding*",
+            "*fix: pool over the real tokens only, with features[[]'attention_mask'[]]*",
+        ]
+    )

@@ -20,8 +20,9 @@ BF16_SCRIPT = GOOD_SCRIPT.replace('report_to="none")', 'report_to="none", bf16=T
 
 
 def _figures(pytester: pytest.Pytester, stages: str, name: str) -> dict[tuple[str, str], dict[str, float]]:
-    result = pytester.runpytest("--trainer-module=train.py", "--trainer-devices=cpu", f"--trainer-stages={stages}",
-                                f"--trainer-report={name}")
+    result = pytester.runpytest(
+        "--trainer-module=train.py", "--trainer-devices=cpu", f"--trainer-stages={stages}", f"--trainer-report={name}"
+    )
     assert result.ret == 0, result.stdout.str()
     items = json.loads((pytester.path / name).read_text())["items"]
     return {(item["stage"], item["device"]): item.get("figures", {}) for item in items}
@@ -30,14 +31,17 @@ def _figures(pytester: pytest.Pytester, stages: str, name: str) -> dict[tuple[st
 def test_the_shared_run_gives_each_item_the_same_figures_whichever_items_run(project: pytest.Pytester) -> None:
     write(project, "train.py", BF16_SCRIPT)
     everything = _figures(project, "forward,backward,step,overfit,save,eval,precision", "all.json")
-    alone = {stage: _figures(project, stage, f"{stage}.json")[(stage, "cpu")]
-             for stage in ("step", "overfit", "precision")}
+    alone = {
+        stage: _figures(project, stage, f"{stage}.json")[(stage, "cpu")] for stage in ("step", "overfit", "precision")
+    }
     for stage, figures in alone.items():
         assert figures, stage
         assert figures == pytest.approx(everything[(stage, "cpu")], rel=1e-6), stage
     # overfit continued the step item's run (its first step is that one), and precision, after overfit and save,
     # found the starting weights back: the loss under autocast is the one it finds when it runs first.
-    assert everything[("overfit", "cpu")]["loss_before"] == pytest.approx(everything[("forward", "cpu")]["loss_at_init"])
+    assert everything[("overfit", "cpu")]["loss_before"] == pytest.approx(
+        everything[("forward", "cpu")]["loss_at_init"]
+    )
     assert "autocast_loss" in alone["precision"]
 
 
@@ -63,8 +67,13 @@ def test_starting_weights_come_back_and_the_trained_ones_are_named() -> None:
 
 def test_non_finite_names_nan_and_inf_and_not_large_finite_values() -> None:
     huge = torch.full((10,), 3e38)  # finite, but its float32 sum is not
-    named = [("nan", torch.tensor([1.0, math.nan])), ("inf", torch.tensor([-math.inf, 0.0])), ("huge", huge),
-             ("half", torch.tensor([60000.0, 60000.0], dtype=torch.float16)), ("ids", torch.tensor([1, 2]))]
+    named = [
+        ("nan", torch.tensor([1.0, math.nan])),
+        ("inf", torch.tensor([-math.inf, 0.0])),
+        ("huge", huge),
+        ("half", torch.tensor([60000.0, 60000.0], dtype=torch.float16)),
+        ("ids", torch.tensor([1, 2])),
+    ]
     assert non_finite(named) == ["nan", "inf"]
 
 
@@ -101,8 +110,13 @@ def test_search_checks_examples_together_and_one_by_one_only_when_that_fails() -
 
 
 def test_first_rows_cuts_the_tensors_whose_first_dimension_is_the_batch() -> None:
-    batch = {"input_ids": torch.zeros(8, 5), "labels": torch.zeros(8), "scale": torch.tensor(2.0),
-             "pixel_mean": torch.zeros(3), "names": ["a"] * 8}
+    batch = {
+        "input_ids": torch.zeros(8, 5),
+        "labels": torch.zeros(8),
+        "scale": torch.tensor(2.0),
+        "pixel_mean": torch.zeros(3),
+        "names": ["a"] * 8,
+    }
     cut = first_rows(batch, "input_ids", 2)
     assert cut["input_ids"].shape == (2, 5) and cut["labels"].shape == (2,)
     assert cut["scale"] is batch["scale"] and cut["pixel_mean"] is batch["pixel_mean"]

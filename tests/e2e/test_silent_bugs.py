@@ -37,8 +37,11 @@ def passed(result: pytest.RunResult, script: str) -> None:
 
 
 def failed_only(result: pytest.RunResult, script: str, stage: str) -> None:
-    assert failures(result, script) == [f"{stage}[cpu]"], (script, outcomes(result, script),
-                                                           result.stdout.str()[-5000:])
+    assert failures(result, script) == [f"{stage}[cpu]"], (
+        script,
+        outcomes(result, script),
+        result.stdout.str()[-5000:],
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -64,15 +67,19 @@ TOKEN_DATA = """tiny.text_dataset().map(lambda batch: {**tok(batch["text"], trun
         for i, text in enumerate(batch["text"])]}, batched=True, remove_columns=["text", "label"])"""
 FROM_CONFIG = "model = tiny.classifier()"
 #: A checkpoint of the backbone alone, as a pretrained encoder is published: the classifier is new when loaded.
-FROM_BACKBONE = ('from transformers import BertModel\n    BertModel(tiny.config()).save_pretrained("backbone")\n'
-                 '    model = BertForSequenceClassification.from_pretrained("backbone", num_labels=3)')
+FROM_BACKBONE = (
+    'from transformers import BertModel\n    BertModel(tiny.config()).save_pretrained("backbone")\n'
+    '    model = BertForSequenceClassification.from_pretrained("backbone", num_labels=3)'
+)
 #: A checkpoint that has the head (a reward model or classifier trained before, say): nothing is new.
-FROM_CLASSIFIER = ('tiny.classifier().save_pretrained("trained")\n'
-                   '    model = BertForSequenceClassification.from_pretrained("trained")')
+FROM_CLASSIFIER = (
+    'tiny.classifier().save_pretrained("trained")\n    model = BertForSequenceClassification.from_pretrained("trained")'
+)
 
 
-def lora_classifier(load: str = FROM_CONFIG, lora: str = "", data: str = SEQUENCE_DATA,
-                    auto: str = "BertForSequenceClassification") -> str:
+def lora_classifier(
+    load: str = FROM_CONFIG, lora: str = "", data: str = SEQUENCE_DATA, auto: str = "BertForSequenceClassification"
+) -> str:
     return LORA_CLASSIFIER.format(load=load, lora=lora, data=data, auto=auto)
 
 
@@ -82,13 +89,20 @@ def test_frozen_new_heads_fail_backward_and_their_correct_twins_pass(project: py
     write(project, "seq_cls.py", lora_classifier(lora=', task_type="SEQ_CLS"'))
     write(project, "saved_head.py", lora_classifier(lora=', modules_to_save=["classifier"]'))
     write(project, "trained_head.py", lora_classifier(load=FROM_CLASSIFIER))
-    write(project, "token_cls.py", lora_classifier(
-        load="model = BertForTokenClassification(tiny.config(num_labels=4))", lora=', task_type="TOKEN_CLS"',
-        data=TOKEN_DATA, auto="BertForTokenClassification, DataCollatorForTokenClassification",
-    ).replace("processing_class=tok)", "processing_class=tok,\n                      "
-              "data_collator=DataCollatorForTokenClassification(tok))"))
-    scripts = ["config_head.py", "checkpoint_head.py", "seq_cls.py", "saved_head.py", "trained_head.py",
-               "token_cls.py"]
+    write(
+        project,
+        "token_cls.py",
+        lora_classifier(
+            load="model = BertForTokenClassification(tiny.config(num_labels=4))",
+            lora=', task_type="TOKEN_CLS"',
+            data=TOKEN_DATA,
+            auto="BertForTokenClassification, DataCollatorForTokenClassification",
+        ).replace(
+            "processing_class=tok)",
+            "processing_class=tok,\n                      data_collator=DataCollatorForTokenClassification(tok))",
+        ),
+    )
+    scripts = ["config_head.py", "checkpoint_head.py", "seq_cls.py", "saved_head.py", "trained_head.py", "token_cls.py"]
     result = run_scripts(project, scripts, "collate,backward,step,save")
     for script in scripts[2:]:
         passed(result, script)
@@ -97,16 +111,20 @@ def test_frozen_new_heads_fail_backward_and_their_correct_twins_pass(project: py
         # A finding blocks nothing: one process still trains, so the later stages run and pass.
         assert outcomes(result, script)["step[cpu]"] == "PASSED"
         assert outcomes(result, script)["save[cpu]"] == "PASSED"
-    result.stdout.fnmatch_lines([
-        "*backward[[]cpu[]] failed: the head classifier (51 parameters) is newly initialised (the model was built "
-        "from a config, so its weights are random) but frozen (PEFT trains its adapters only)*",
-        '*fix: LoraConfig(..., task_type="SEQ_CLS"), which trains and saves the head, or LoraConfig(..., '
-        'modules_to_save=[[]"classifier"[]])*',
-    ])
-    result.stdout.fnmatch_lines([
-        "*backward[[]cpu[]] failed: the head classifier * is newly initialised (its weights are not in the "
-        "checkpoint 'backbone') but frozen*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*backward[[]cpu[]] failed: the head classifier (51 parameters) is newly initialised (the model was built "
+            "from a config, so its weights are random) but frozen (PEFT trains its adapters only)*",
+            '*fix: LoraConfig(..., task_type="SEQ_CLS"), which trains and saves the head, or LoraConfig(..., '
+            'modules_to_save=[[]"classifier"[]])*',
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*backward[[]cpu[]] failed: the head classifier * is newly initialised (its weights are not in the "
+            "checkpoint 'backbone') but frozen*",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -146,8 +164,7 @@ PASSES_COUNT = """
 """
 
 
-def test_accumulation_that_scales_the_gradients_fails_backward_and_correct_forms_pass(
-        project: pytest.Pytester) -> None:
+def test_accumulation_that_scales_the_gradients_fails_backward_and_correct_forms_pass(project: pytest.Pytester) -> None:
     write(project, "ignores_count.py", LM_SCRIPT.format(trainer=IGNORES_COUNT, cls="MeanTrainer"))
     write(project, "passes_count.py", LM_SCRIPT.format(trainer=PASSES_COUNT, cls="CountingTrainer"))
     write(project, "plain.py", LM_SCRIPT.format(trainer="", cls="Trainer"))
@@ -157,21 +174,25 @@ def test_accumulation_that_scales_the_gradients_fails_backward_and_correct_forms
     passed(result, "plain.py")
     failed_only(result, "ignores_count.py", "backward")
     assert outcomes(result, "ignores_count.py")["step[cpu]"] == "PASSED"
-    result.stdout.fnmatch_lines([
-        "*backward[[]cpu[]] failed: with gradient_accumulation_steps=4, the 8 rows of one batch taken as 4 accumulated "
-        "micro-batches get gradients 4.*x (and a logged loss 4.*x) those of the same rows at accumulation 1: "
-        "MeanTrainer.compute_loss returns each micro-batch's mean loss and ignores num_items_in_batch*",
-        "*fix: in MeanTrainer.compute_loss, pass num_items_in_batch on to the model*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*backward[[]cpu[]] failed: with gradient_accumulation_steps=4, the 8 rows of one batch taken as 4 accumulated "
+            "micro-batches get gradients 4.*x (and a logged loss 4.*x) those of the same rows at accumulation 1: "
+            "MeanTrainer.compute_loss returns each micro-batch's mean loss and ignores num_items_in_batch*",
+            "*fix: in MeanTrainer.compute_loss, pass num_items_in_batch on to the model*",
+        ]
+    )
 
 
 def test_a_classifier_whose_loss_ignores_the_count_under_the_plain_trainer(project: pytest.Pytester) -> None:
     # transformers 5's BERT takes **kwargs but averages its loss: 4x under the plain Trainer (measured above).
-    script = KIND_SCRIPTS["classification"].replace("per_device_train_batch_size=8,",
-                                                     "per_device_train_batch_size=8, gradient_accumulation_steps=4,")
-    fixed = script.replace("trainer = Trainer(model=tiny.classifier()",
-                           "model = tiny.classifier()\n    model.accepts_loss_kwargs = False\n"
-                           "    trainer = Trainer(model=model")
+    script = KIND_SCRIPTS["classification"].replace(
+        "per_device_train_batch_size=8,", "per_device_train_batch_size=8, gradient_accumulation_steps=4,"
+    )
+    fixed = script.replace(
+        "trainer = Trainer(model=tiny.classifier()",
+        "model = tiny.classifier()\n    model.accepts_loss_kwargs = False\n    trainer = Trainer(model=model",
+    )
     assert "gradient_accumulation_steps=4" in script and "accepts_loss_kwargs" in fixed
     write(project, "classifier.py", script)
     write(project, "fixed.py", fixed)
@@ -181,20 +202,24 @@ def test_a_classifier_whose_loss_ignores_the_count_under_the_plain_trainer(proje
         passed(result, "classifier.py")
         return
     failed_only(result, "classifier.py", "backward")
-    result.stdout.fnmatch_lines([
-        "*gradients 4.0x (and a logged loss 4.0x) those of the same rows at accumulation 1: "
-        "BertForSequenceClassification's loss is a mean over each micro-batch that ignores num_items_in_batch*",
-        "*fix: set model.accepts_loss_kwargs = False before building the Trainer*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*gradients 4.0x (and a logged loss 4.0x) those of the same rows at accumulation 1: "
+            "BertForSequenceClassification's loss is a mean over each micro-batch that ignores num_items_in_batch*",
+            "*fix: set model.accepts_loss_kwargs = False before building the Trainer*",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 3. A masked language model trained on unmasked labels.
 
+
 def test_masked_lm_without_masking_fails_collate_and_with_masking_passes(project: pytest.Pytester) -> None:
     masked = KIND_SCRIPTS["masked-lm"]
-    unmasked = masked.replace("DataCollatorForLanguageModeling(tok, mlm_probability=0.3)",
-                              "DataCollatorForLanguageModeling(tok, mlm=False)")
+    unmasked = masked.replace(
+        "DataCollatorForLanguageModeling(tok, mlm_probability=0.3)", "DataCollatorForLanguageModeling(tok, mlm=False)"
+    )
     assert unmasked != masked
     write(project, "masked.py", masked)
     write(project, "unmasked.py", unmasked)
@@ -202,27 +227,38 @@ def test_masked_lm_without_masking_fails_collate_and_with_masking_passes(project
     passed(result, "masked.py")
     failed_only(result, "unmasked.py", "collate")
     assert outcomes(result, "unmasked.py")["forward[cpu]"] == "PASSED"
-    result.stdout.fnmatch_lines([
-        "*collate[[]cpu[]] failed: a masked language model (BertForMaskedLM) is trained on unmasked labels: "
-        "DataCollatorForLanguageModeling(mlm=False) copies input_ids into labels*",
-        "*fix: mask the inputs: data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True)*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*collate[[]cpu[]] failed: a masked language model (BertForMaskedLM) is trained on unmasked labels: "
+            "DataCollatorForLanguageModeling(mlm=False) copies input_ids into labels*",
+            "*fix: mask the inputs: data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True)*",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Several findings of one stage are reported together; a blocking failure of the stage comes first.
 
+
 def test_findings_of_one_stage_are_reported_together(project: pytest.Pytester) -> None:
-    script = lora_classifier().replace(
-        'report_to="none")', 'report_to="none", gradient_accumulation_steps=2)').replace(
-        "model = get_peft_model(", "import torch\n    model.unused = torch.nn.Linear(4, 4)\n    model = get_peft_model(")
-    script = script.replace('target_modules=["query", "value"]', 'target_modules=["query", "value"], '
-                            'modules_to_save=["unused"]')
+    script = (
+        lora_classifier()
+        .replace('report_to="none")', 'report_to="none", gradient_accumulation_steps=2)')
+        .replace(
+            "model = get_peft_model(",
+            "import torch\n    model.unused = torch.nn.Linear(4, 4)\n    model = get_peft_model(",
+        )
+    )
+    script = script.replace(
+        'target_modules=["query", "value"]', 'target_modules=["query", "value"], modules_to_save=["unused"]'
+    )
     assert "unused" in script and "gradient_accumulation_steps=2" in script
     write(project, "two.py", script)
     result = run_scripts(project, ["two.py"], "backward")
     failed_only(result, "two.py", "backward")
-    result.stdout.fnmatch_lines([
-        "*backward[[]cpu[]] failed: 2 of * trainable parameters get no gradient from the loss: *unused*",
-        "*also: the head classifier * is newly initialised*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*backward[[]cpu[]] failed: 2 of * trainable parameters get no gradient from the loss: *unused*",
+            "*also: the head classifier * is newly initialised*",
+        ]
+    )

@@ -151,27 +151,42 @@ def test_lengths_of_a_fixed_size_list_column() -> None:
 # ---- types ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("column_type", "levels"), [
-    (pa.int64(), 0),
-    (pa.list_(pa.int32()), 1),
-    (pa.large_list(pa.int64()), 1),
-    (pa.list_(pa.float32(), 4), 1),
-    (pa.list_(pa.list_(pa.int64())), 2),
-    (pa.list_(pa.list_(pa.list_(pa.float32()))), 3),
-])
+@pytest.mark.parametrize(
+    ("column_type", "levels"),
+    [
+        (pa.int64(), 0),
+        (pa.list_(pa.int32()), 1),
+        (pa.large_list(pa.int64()), 1),
+        (pa.list_(pa.float32(), 4), 1),
+        (pa.list_(pa.list_(pa.int64())), 2),
+        (pa.list_(pa.list_(pa.list_(pa.float32()))), 3),
+    ],
+)
 def test_depth_counts_list_levels(column_type: pa.DataType, levels: int) -> None:
     assert tables.depth(column_type) == levels
 
 
-@pytest.mark.parametrize("column_type", [pa.string(), pa.large_string(), pa.list_(pa.string()),
-                                         pa.list_(pa.list_(pa.large_string()))])
+@pytest.mark.parametrize(
+    "column_type", [pa.string(), pa.large_string(), pa.list_(pa.string()), pa.list_(pa.list_(pa.large_string()))]
+)
 def test_text_columns_are_text_at_any_depth(column_type: pa.DataType) -> None:
     assert tables.is_text(column_type)
     assert not tables.is_numeric(column_type)
 
 
-@pytest.mark.parametrize("column_type", [pa.int8(), pa.int64(), pa.uint16(), pa.float16(), pa.float64(), pa.bool_(),
-                                         pa.list_(pa.int64()), pa.list_(pa.list_(pa.float32()), 2)])
+@pytest.mark.parametrize(
+    "column_type",
+    [
+        pa.int8(),
+        pa.int64(),
+        pa.uint16(),
+        pa.float16(),
+        pa.float64(),
+        pa.bool_(),
+        pa.list_(pa.int64()),
+        pa.list_(pa.list_(pa.float32()), 2),
+    ],
+)
 def test_number_columns_are_numeric_at_any_depth(column_type: pa.DataType) -> None:
     assert tables.is_numeric(column_type)
     assert not tables.is_text(column_type)
@@ -184,8 +199,16 @@ def test_other_columns_are_neither_text_nor_numeric(column_type: pa.DataType) ->
 
 
 def test_scalar_columns_are_those_of_one_number_or_flag_per_row() -> None:
-    schema = pa.schema([("label", pa.int64()), ("score", pa.float32()), ("keep", pa.bool_()), ("text", pa.string()),
-                        ("input_ids", pa.list_(pa.int64())), ("image", pa.struct([("bytes", pa.binary())]))])
+    schema = pa.schema(
+        [
+            ("label", pa.int64()),
+            ("score", pa.float32()),
+            ("keep", pa.bool_()),
+            ("text", pa.string()),
+            ("input_ids", pa.list_(pa.int64())),
+            ("image", pa.struct([("bytes", pa.binary())])),
+        ]
+    )
     assert tables.scalar_columns(schema) == ["label", "score", "keep"]
 
 
@@ -209,9 +232,12 @@ def test_from_columns_keeps_half_precision_tensors_as_floats() -> None:
 
 
 def test_from_columns_keeps_ragged_rows_as_lists() -> None:
-    columns: dict[str, list[Any]] = {"input_ids": [torch.tensor([1, 2, 3]), torch.tensor([4])],
-                                     "label": [0, 1], "text": ["a b c", "d"],
-                                     "mask": [np.array([1, 1, 1]), np.array([1])]}
+    columns: dict[str, list[Any]] = {
+        "input_ids": [torch.tensor([1, 2, 3]), torch.tensor([4])],
+        "label": [0, 1],
+        "text": ["a b c", "d"],
+        "mask": [np.array([1, 1, 1]), np.array([1])],
+    }
     table, opaque = tables.from_columns(columns)
     assert opaque == []
     assert table.column("input_ids").to_pylist() == [[1, 2, 3], [4]]

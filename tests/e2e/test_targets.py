@@ -152,8 +152,11 @@ def test_sft_completion_only_unpacked_short_max_length_cuts_the_answers(lm_proje
     # ("Dropping fully masked examples"): the rows that are fed all carry a supervised token, but most answers lose
     # their end (and their end token) to max_length=8: the model learns to break off. The length named keeps them.
     result = run_targets(lm_project, cut(SFT_COMPLETION_ONLY).replace("packing=True", "packing=False"))
-    check_fails(result, "*sampled answers are cut by max_length=8 before their end; max_length=* keeps every "
-                        "sampled row whole*", "*fix: raise max_length to *")
+    check_fails(
+        result,
+        "*sampled answers are cut by max_length=8 before their end; max_length=* keeps every sampled row whole*",
+        "*fix: raise max_length to *",
+    )
     result.stdout.no_fnmatch_line("*no supervised token*")
 
 
@@ -339,11 +342,13 @@ def test_left_padding_for_training_names_the_prediction_made_from_a_pad(lm_proje
     write(lm_project, "train.py", source)
     result = run_script(lm_project, "--trainer-stages=forward,padding")
     assert failures(result) == ["padding[cpu]"]
-    result.stdout.fnmatch_lines([
-        "*the loss differs*the tokenizer pads on the left, so the first real token keeps its label and is predicted "
-        "from a pad position*",
-        "*fix: pad on the right for training*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*the loss differs*the tokenizer pads on the left, so the first real token keeps its label and is predicted "
+            "from a pad position*",
+            "*fix: pad on the right for training*",
+        ]
+    )
     result.stdout.no_fnmatch_line("*shortest failing row as text: '*[[]PAD[]]*")
 
 

@@ -46,14 +46,29 @@ from pytest_trainer.tasks import Task
 
 
 def bert(**overrides: Any) -> BertConfig:
-    settings: dict[str, Any] = dict(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                    intermediate_size=32, max_position_embeddings=32)
+    settings: dict[str, Any] = dict(
+        vocab_size=30,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
     return BertConfig(**{**settings, **overrides})
 
 
 def llama() -> LlamaForCausalLM:
-    return LlamaForCausalLM(LlamaConfig(vocab_size=30, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=30,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
+    )
 
 
 def gpt2() -> GPT2LMHeadModel:
@@ -65,16 +80,37 @@ def t5() -> T5ForConditionalGeneration:
 
 
 def vit(num_labels: int = 3) -> ViTForImageClassification:
-    return ViTForImageClassification(ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=16,
-                                               num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                                               num_labels=num_labels))
+    return ViTForImageClassification(
+        ViTConfig(
+            image_size=8,
+            patch_size=4,
+            num_channels=3,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            num_labels=num_labels,
+        )
+    )
 
 
 def wav2vec2(num_labels: int = 3) -> Wav2Vec2ForSequenceClassification:
-    return Wav2Vec2ForSequenceClassification(Wav2Vec2Config(
-        vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=4,
-        num_conv_pos_embedding_groups=2, classifier_proj_size=8, num_labels=num_labels))
+    return Wav2Vec2ForSequenceClassification(
+        Wav2Vec2Config(
+            vocab_size=30,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            conv_dim=(8, 8),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=4,
+            num_conv_pos_embedding_groups=2,
+            classifier_proj_size=8,
+            num_labels=num_labels,
+        )
+    )
 
 
 class OwnModel(torch.nn.Module):
@@ -91,8 +127,9 @@ class OwnModel(torch.nn.Module):
 def rebuilt_with(task: Task, model: torch.nn.Module, num_labels: int, folder: Path) -> Any:
     """Follow a fix that names `task.auto_class`: load the saved model through it with another num_labels."""
     model.save_pretrained(folder)
-    return getattr(transformers, task.auto_class).from_pretrained(folder, num_labels=num_labels,
-                                                                  ignore_mismatched_sizes=True)
+    return getattr(transformers, task.auto_class).from_pretrained(
+        folder, num_labels=num_labels, ignore_mismatched_sizes=True
+    )
 
 
 # ---- classification heads -------------------------------------------------------------------------------------
@@ -108,8 +145,9 @@ def test_text_classifier_has_class_labels_as_wide_as_its_head() -> None:
     assert task.no_sequence() is None
 
 
-@pytest.mark.parametrize("config", [bert(num_labels=1), bert(num_labels=3, problem_type="regression")],
-                         ids=["one-label", "problem-type"])
+@pytest.mark.parametrize(
+    "config", [bert(num_labels=1), bert(num_labels=3, problem_type="regression")], ids=["one-label", "problem-type"]
+)
 def test_regression_head_has_float_labels_and_no_classes(config: BertConfig) -> None:
     task = tasks.detect(BertForSequenceClassification(config))
     assert task.labels == tasks.FLOAT
@@ -144,9 +182,15 @@ def test_image_classifier_names_its_own_class_and_has_no_token_sequence() -> Non
     assert task.conventional
 
 
-@pytest.mark.parametrize("build", [lambda: BertForSequenceClassification(bert(num_labels=3)),
-                                   lambda: BertForTokenClassification(bert(num_labels=3)), lambda: vit(3)],
-                         ids=["text", "token", "image"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: BertForSequenceClassification(bert(num_labels=3)),
+        lambda: BertForTokenClassification(bert(num_labels=3)),
+        lambda: vit(3),
+    ],
+    ids=["text", "token", "image"],
+)
 def test_class_a_fix_names_rebuilds_the_model_with_another_width(build: Any, tmp_path: Path) -> None:
     model = build()
     rebuilt = rebuilt_with(tasks.detect(model), model, 7, tmp_path)
@@ -163,9 +207,20 @@ def test_class_a_fix_names_rebuilds_an_audio_classifier(tmp_path: Path) -> None:
 
 
 def test_encoder_decoder_classifier_has_class_labels() -> None:
-    model = BartForSequenceClassification(BartConfig(
-        vocab_size=30, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32, num_labels=3))
+    model = BartForSequenceClassification(
+        BartConfig(
+            vocab_size=30,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=32,
+            num_labels=3,
+        )
+    )
     task = tasks.detect(model)
     assert task.labels == tasks.CLASS
     assert task.classes == 3
@@ -272,16 +327,20 @@ def bare(cls: type) -> Any:
     return object.__new__(cls)
 
 
-@pytest.mark.parametrize(("cls", "family"), [
-    (Trainer, families.Family),
-    (MyTrainer, families.Family),
-    (Seq2SeqTrainer, families.Seq2Seq),
-    (trl.SFTTrainer, families.SFT),
-    (trl.DPOTrainer, families.Preference),
-    (trl.RewardTrainer, families.Preference),
-    (MyDPOTrainer, families.Preference),
-    (trl.GRPOTrainer, families.Online),
-], ids=lambda value: value.__name__)
+@pytest.mark.parametrize(
+    ("cls", "family"),
+    [
+        (Trainer, families.Family),
+        (MyTrainer, families.Family),
+        (Seq2SeqTrainer, families.Seq2Seq),
+        (trl.SFTTrainer, families.SFT),
+        (trl.DPOTrainer, families.Preference),
+        (trl.RewardTrainer, families.Preference),
+        (MyDPOTrainer, families.Preference),
+        (trl.GRPOTrainer, families.Online),
+    ],
+    ids=lambda value: value.__name__,
+)
 def test_family_of_a_trainer_is_read_from_its_class_hierarchy(cls: type, family: type) -> None:
     assert type(families.family_of(bare(cls))) is family
 
@@ -309,8 +368,13 @@ def test_only_trainers_that_make_batches_of_their_own_say_they_build_them() -> N
 
 def test_seq2seq_family_passes_the_generation_settings_only_with_predict_with_generate(tmp_path: Path) -> None:
     trainer = bare(Seq2SeqTrainer)
-    trainer.args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True,
-                                            generation_max_length=7, generation_num_beams=2, report_to="none")
+    trainer.args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        predict_with_generate=True,
+        generation_max_length=7,
+        generation_num_beams=2,
+        report_to="none",
+    )
     assert families.family_of(trainer).prediction_settings(trainer) == {"max_length": 7, "num_beams": 2}
     trainer.args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), generation_max_length=7, report_to="none")
     assert families.family_of(trainer).prediction_settings(trainer) == {}
@@ -318,8 +382,9 @@ def test_seq2seq_family_passes_the_generation_settings_only_with_predict_with_ge
 
 def test_preference_family_reports_the_last_logged_log_probabilities() -> None:
     trainer = bare(trl.DPOTrainer)
-    trainer._metrics = {"train": {"logps/chosen": [-3.0, -1.5], "logps/rejected": [-2.5], "rewards/margins": [0.25],
-                                  "loss": [0.7]}}
+    trainer._metrics = {
+        "train": {"logps/chosen": [-3.0, -1.5], "logps/rejected": [-2.5], "rewards/margins": [0.25], "loss": [0.7]}
+    }
     figures, notes = families.family_of(trainer).after_forward(trainer)
     assert figures == {"logps_chosen": -1.5, "logps_rejected": -2.5, "rewards_margins": 0.25}
     assert len(notes) == 1 and "-1.5" in notes[0] and "-2.5" in notes[0]

@@ -46,8 +46,12 @@ def skip_reasons(project: pytest.Pytester, result: pytest.RunResult) -> dict[str
     return {f"{item['stage']}[{item['device']}]": item["reason"] for item in items if item["outcome"] == "skipped"}
 
 
-def check_correct(project: pytest.Pytester, result: pytest.RunResult, passed: tuple[str, ...] = CORE,
-                  skipped: dict[str, str] | None = None) -> dict[str, str]:
+def check_correct(
+    project: pytest.Pytester,
+    result: pytest.RunResult,
+    passed: tuple[str, ...] = CORE,
+    skipped: dict[str, str] | None = None,
+) -> dict[str, str]:
     """No failure; every item ran, each either PASSED (`passed`) or SKIPPED with its reason (`skipped` maps the
     item to a distinctive fragment of the reason, which the `-rs` summary shows in full). `result` is a run with
     `REPORT`.
@@ -133,9 +137,15 @@ def test_vision_set_transform_recipe_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", VISION)
     result = run_script(project, REPORT)
     # Pixel inputs have no token lengths and no padding: those two property items skip, with a reason.
-    check_correct(project, result, passed=rest("lengths", "padding"),
-                  skipped={**not_causal("image classification"),
-                           **dict.fromkeys(("lengths", "padding"), f"image classification: {NO_TOKEN_SEQUENCE}")})
+    check_correct(
+        project,
+        result,
+        passed=rest("lengths", "padding"),
+        skipped={
+            **not_causal("image classification"),
+            **dict.fromkeys(("lengths", "padding"), f"image classification: {NO_TOKEN_SEQUENCE}"),
+        },
+    )
 
 
 def test_vision_transform_starved_by_remove_unused_columns_fails_dataset(project: pytest.Pytester) -> None:
@@ -183,9 +193,15 @@ def test_audio_classification_passes(project: pytest.Pytester) -> None:
     result = run_script(project, REPORT)
     # Waveforms (input_values) are no token sequence: lengths and padding skip, with the reason; the class-id labels
     # are varied by the labels property, which passes.
-    check_correct(project, result, passed=rest("lengths", "padding"),
-                  skipped={**not_causal("audio classification"),
-                           **dict.fromkeys(("lengths", "padding"), f"audio classification: {NO_TOKEN_SEQUENCE}")})
+    check_correct(
+        project,
+        result,
+        passed=rest("lengths", "padding"),
+        skipped={
+            **not_causal("audio classification"),
+            **dict.fromkeys(("lengths", "padding"), f"audio classification: {NO_TOKEN_SEQUENCE}"),
+        },
+    )
 
 
 def test_audio_labels_beyond_the_head_fail_dataset(project: pytest.Pytester) -> None:
@@ -239,10 +255,16 @@ def test_multiple_choice_passes(project: pytest.Pytester) -> None:
     result = run_script(project, REPORT)
     # Rows of [choices][tokens]: lengths resizes every choice and passes; the padding property does not cover the
     # choices axis, and skips with the reason (as the README's table of tasks says).
-    check_correct(project, result, passed=rest("padding"),
-                  skipped={**not_causal("multiple choice"),
-                           "padding": "multiple choice pads every choice of a row to one length: the padding property "
-                                      "does not cover a choices axis"})
+    check_correct(
+        project,
+        result,
+        passed=rest("padding"),
+        skipped={
+            **not_causal("multiple choice"),
+            "padding": "multiple choice pads every choice of a row to one length: the padding property "
+            "does not cover a choices axis",
+        },
+    )
 
 
 def test_slow_learning_at_a_fine_tuning_rate_is_no_false_alarm(project: pytest.Pytester) -> None:
@@ -251,7 +273,9 @@ def test_slow_learning_at_a_fine_tuning_rate_is_no_false_alarm(project: pytest.P
     result = run_script(project, "--trainer-stages=overfit", "--trainer-report=report.json")
     assert outcomes(result) == {"overfit[cpu]": "PASSED"}
     notes = [note for item in json.loads((project.path / "report.json").read_text())["items"] for note in item["notes"]]
-    assert any(note.startswith("the loss fell only at ") and "at the script's rate: loss" in note for note in notes), notes
+    assert any(note.startswith("the loss fell only at ") and "at the script's rate: loss" in note for note in notes), (
+        notes
+    )
 
 
 def test_multiple_choice_label_beyond_the_choices_fails_dataset(project: pytest.Pytester) -> None:
@@ -312,14 +336,22 @@ def test_seq2seq_with_generate_passes(project: pytest.Pytester) -> None:
     result = run_script(project, REPORT)
     # Target token ids are no class labels: the labels property skips them. Padding the encoder input beside a
     # longer row changes nothing (labels are padded with -100 apart from the inputs): padding passes.
-    check_correct(project, result, passed=rest("labels"),
-                  skipped={**not_causal("sequence to sequence"),
-                           "labels": "seq2seq labels are decoder target token ids, not classes"})
+    check_correct(
+        project,
+        result,
+        passed=rest("labels"),
+        skipped={
+            **not_causal("sequence to sequence"),
+            "labels": "seq2seq labels are decoder target token ids, not classes",
+        },
+    )
 
 
 def test_seq2seq_pad_ids_left_in_the_labels_fail_dataset(project: pytest.Pytester) -> None:
-    script = SEQ2SEQ.replace('tok(text_target=batch["target"], truncation=True',
-                             'tok(text_target=batch["target"], padding="max_length", truncation=True')
+    script = SEQ2SEQ.replace(
+        'tok(text_target=batch["target"], truncation=True',
+        'tok(text_target=batch["target"], padding="max_length", truncation=True',
+    )
     assert script != SEQ2SEQ
     write(project, "train.py", script)
     result = run_script(project)
@@ -346,7 +378,8 @@ START_IN_LABELS = SEQ2SEQ.replace("decoder_start_token_id=tok.pad_token_id", "de
 START_DROPPED = START_IN_LABELS.replace(
     'encoded["labels"] = tok(text_target=batch["target"], truncation=True, max_length=8)["input_ids"]',
     'encoded["labels"] = [ids[1:] for ids in tok(text_target=batch["target"], truncation=True, max_length=8)'
-    '["input_ids"]]')
+    '["input_ids"]]',
+)
 
 
 def test_seq2seq_labels_that_begin_with_the_decoder_start_token_are_named(project: pytest.Pytester) -> None:
@@ -354,10 +387,13 @@ def test_seq2seq_labels_that_begin_with_the_decoder_start_token_are_named(projec
     write(project, "train.py", START_IN_LABELS)
     result = run_script(project, "--trainer-stages=collate")
     assert outcomes(result) == {"collate[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines([
-        "collate[[]cpu[]] failed: every label row of the first batch (8 rows) begins with '[[]CLS[]]' (id 2), the "
-        "decoder start token that T5ForConditionalGeneration puts before the labels itself when it shifts them right*",
-        "  fix: drop it from the labels, in the collator: *"])
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: every label row of the first batch (8 rows) begins with '[[]CLS[]]' (id 2), the "
+            "decoder start token that T5ForConditionalGeneration puts before the labels itself when it shifts them right*",
+            "  fix: drop it from the labels, in the collator: *",
+        ]
+    )
 
 
 def test_seq2seq_labels_without_the_decoder_start_token_pass(project: pytest.Pytester) -> None:
@@ -418,11 +454,17 @@ def test_dpo_passes(trl_project: pytest.Pytester) -> None:
     result = run_script(trl_project, REPORT)
     # No eval split; preference pairs have no label column, and the trainer tokenizes and pads them itself, so
     # lengths and padding skip too: each with its reason. `targets` compares each pair's chosen and rejected tokens.
-    check_correct(trl_project, result, passed=(*rest("eval", "labels", "lengths", "padding"), "targets"),
-                  skipped={"eval": "the Trainer has no eval_dataset",
-                           "labels": "preference pairs have no label column",
-                           "lengths": "preference pairs are tokenized and padded by the trainer itself",
-                           "padding": "preference pairs are tokenized and padded by the trainer itself"})
+    check_correct(
+        trl_project,
+        result,
+        passed=(*rest("eval", "labels", "lengths", "padding"), "targets"),
+        skipped={
+            "eval": "the Trainer has no eval_dataset",
+            "labels": "preference pairs have no label column",
+            "lengths": "preference pairs are tokenized and padded by the trainer itself",
+            "padding": "preference pairs are tokenized and padded by the trainer itself",
+        },
+    )
 
 
 def test_dpo_token_ids_beyond_the_embedding_fail_dataset(trl_project: pytest.Pytester) -> None:
@@ -438,9 +480,16 @@ def test_packed_sft_passes(trl_project: pytest.Pytester) -> None:
     # A causal LM: its supervision is audited (targets passes). Token-id labels skip; packed rows (seq_lengths marks
     # the documents in each row) cannot be cut or padded without splitting their documents: lengths and padding skip.
     packed = "the training rows are packed ('seq_lengths' marks the documents in each row)"
-    check_correct(trl_project, result, passed=(*CORE, "targets"),
-                  skipped={"labels": "a language model's labels are token ids, not classes",
-                           "lengths": packed, "padding": packed})
+    check_correct(
+        trl_project,
+        result,
+        passed=(*CORE, "targets"),
+        skipped={
+            "labels": "a language model's labels are token ids, not classes",
+            "lengths": packed,
+            "padding": packed,
+        },
+    )
 
 
 def test_packed_sft_token_ids_beyond_the_embedding_fail_dataset(trl_project: pytest.Pytester) -> None:
@@ -498,12 +547,21 @@ def test_own_module_with_its_own_input_names_passes(project: pytest.Pytester, re
     write(project, "train.py", OWN_MODEL.replace(RETURNS_DICT, returns))
     result = run_script(project, REPORT)
     # The checks that need the task's conventions skip with the reason: what a label is, which input is the tokens.
-    no_sequence = ("a model of your own (BagOfWords): pytest-trainer cannot tell which input of a model of your own is "
-                   "its token sequence")
-    check_correct(project, result, passed=rest("labels", "lengths", "padding"),
-                  skipped={**not_causal("a model of your own (BagOfWords)"),
-                           "labels": "what this model takes as labels is unknown to pytest-trainer",
-                           "lengths": no_sequence, "padding": no_sequence})
+    no_sequence = (
+        "a model of your own (BagOfWords): pytest-trainer cannot tell which input of a model of your own is "
+        "its token sequence"
+    )
+    check_correct(
+        project,
+        result,
+        passed=rest("labels", "lengths", "padding"),
+        skipped={
+            **not_causal("a model of your own (BagOfWords)"),
+            "labels": "what this model takes as labels is unknown to pytest-trainer",
+            "lengths": no_sequence,
+            "padding": no_sequence,
+        },
+    )
     assert "untokenized" not in result.stdout.str()
 
 
@@ -551,10 +609,14 @@ def test_multi_label_with_float_multi_hot_rows_passes(project: pytest.Pytester) 
     check_correct(project, result, passed=rest(), skipped=not_causal("text classification (multi-label)"))
 
 
-@pytest.mark.parametrize("labels", [
-    "sum(word in text.split() for word in words) % 3",  # one integer class id per row
-    "[int(word in text.split()) for word in words]",  # multi-hot rows, but integers
-], ids=["class-ids", "int-multi-hot"])
+@pytest.mark.parametrize(
+    "labels",
+    [
+        "sum(word in text.split() for word in words) % 3",  # one integer class id per row
+        "[int(word in text.split()) for word in words]",  # multi-hot rows, but integers
+    ],
+    ids=["class-ids", "int-multi-hot"],
+)
 def test_multi_label_with_integer_labels_fails_naming_float_multi_hot(project: pytest.Pytester, labels: str) -> None:
     write(project, "train.py", MULTI_LABEL.format(labels=labels))
     result = run_script(project)
@@ -587,10 +649,16 @@ QA = """
 def test_question_answering_passes(project: pytest.Pytester) -> None:
     write(project, "train.py", QA.format(edit=""))
     result = run_script(project, REPORT)
-    check_correct(project, result, passed=rest("labels", "padding"),
-                  skipped={**not_causal("question answering"),
-                           "labels": "question-answering labels are start and end positions in each sequence",
-                           "padding": "question answering: the softmax over answer positions spans the padding too"})
+    check_correct(
+        project,
+        result,
+        passed=rest("labels", "padding"),
+        skipped={
+            **not_causal("question answering"),
+            "labels": "question-answering labels are start and end positions in each sequence",
+            "padding": "question answering: the softmax over answer positions spans the padding too",
+        },
+    )
 
 
 def test_question_answering_span_past_the_sequence_fails_dataset(project: pytest.Pytester) -> None:
@@ -599,10 +667,12 @@ def test_question_answering_span_past_the_sequence_fails_dataset(project: pytest
     result = run_script(project)
     assert failures(result) == ["dataset[cpu]", "eval[cpu]"]  # a finding: the later stages still run
     assert outcomes(result)["overfit[cpu]"] == "PASSED"
-    result.stdout.fnmatch_lines([
-        "dataset[[]cpu[]] failed: row 7 of the training dataset has an answer span 90..90 outside its * tokens*",
-        "*fix: compute start_positions and end_positions on the tokenized sequence*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: row 7 of the training dataset has an answer span 90..90 outside its * tokens*",
+            "*fix: compute start_positions and end_positions on the tokenized sequence*",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -639,8 +709,11 @@ ARGPARSE = """
 
 def test_hf_argument_parser_with_required_arguments(project: pytest.Pytester) -> None:
     write(project, "train.py", ARGPARSE)
-    result = run_script(project, "--trainer-args=--num_labels 3 --output_dir out --per_device_train_batch_size 8",
-                        "--trainer-stages=dataset,forward,step")
+    result = run_script(
+        project,
+        "--trainer-args=--num_labels 3 --output_dir out --per_device_train_batch_size 8",
+        "--trainer-stages=dataset,forward,step",
+    )
     assert outcomes(result) == dict.fromkeys(["dataset[cpu]", "forward[cpu]", "step[cpu]"], "PASSED")
     assert not (project.path / "out").exists()
 
@@ -649,11 +722,13 @@ def test_hf_argument_parser_missing_a_required_argument_names_trainer_args(proje
     write(project, "train.py", ARGPARSE)
     result = run_script(project, "--trainer-args=--output_dir out", "--trainer-stages=dataset")
     assert failures(result) == ["load[cpu]"]
-    result.stdout.fnmatch_lines([
-        "*the script exited (sys.exit with code 2) before building a Trainer*",
-        "*required*--num_labels*",
-        "*fix: the script's argument parser rejected*--trainer-args=*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*the script exited (sys.exit with code 2) before building a Trainer*",
+            "*required*--num_labels*",
+            "*fix: the script's argument parser rejected*--trainer-args=*",
+        ]
+    )
 
 
 def test_hf_argument_parser_wrong_value_fails_at_its_stage(project: pytest.Pytester) -> None:
@@ -665,7 +740,10 @@ def test_hf_argument_parser_wrong_value_fails_at_its_stage(project: pytest.Pytes
 
 def test_set_format_columns_are_what_is_fed(project: pytest.Pytester) -> None:
     # The text column stays stored, but set_format(columns=...) keeps it out of every sample the collator sees.
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import tiny
         from transformers import Trainer, TrainingArguments
 
@@ -676,7 +754,8 @@ def test_set_format_columns_are_what_is_fed(project: pytest.Pytester) -> None:
                                  report_to="none")
         trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
         trainer.train()
-    """)
+    """,
+    )
     result = run_script(project, "--trainer-stages=dataset,collate,forward")
     assert outcomes(result) == dict.fromkeys(["dataset[cpu]", "collate[cpu]", "forward[cpu]"], "PASSED")
 
@@ -685,15 +764,21 @@ def test_dpo_forward_reports_the_chosen_and_rejected_log_probabilities(trl_proje
     write(trl_project, "train.py", DPO)
     result = run_script(trl_project, "--trainer-stages=forward", "--trainer-report=report.json")
     assert outcomes(result) == {"forward[cpu]": "PASSED"}
-    figures = next(item["figures"] for item in json.loads((trl_project.path / "report.json").read_text())["items"]
-                   if item["stage"] == "forward")
+    figures = next(
+        item["figures"]
+        for item in json.loads((trl_project.path / "report.json").read_text())["items"]
+        if item["stage"] == "forward"
+    )
     assert {"logps_chosen", "logps_rejected"} <= set(figures), figures
     assert figures["logps_chosen"] < 0 and figures["logps_rejected"] < 0, figures
 
 
 def test_torch_dataset_of_tensors_is_read_as_fed(project: pytest.Pytester) -> None:
     # A torch Dataset whose samples are tensors: the token sequences are checked, not taken for missing.
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import tiny
         import torch
         from transformers import Trainer, TrainingArguments
@@ -715,15 +800,20 @@ def test_torch_dataset_of_tensors_is_read_as_fed(project: pytest.Pytester) -> No
         args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
         trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=Texts())
         trainer.train()
-    """)
+    """,
+    )
     result = run_script(project, "--trainer-stages=dataset,collate,forward,labels,lengths")
     assert outcomes(result) == dict.fromkeys(
-        ["dataset[cpu]", "collate[cpu]", "forward[cpu]", "labels[cpu]", "lengths[cpu]"], "PASSED")
+        ["dataset[cpu]", "collate[cpu]", "forward[cpu]", "labels[cpu]", "lengths[cpu]"], "PASSED"
+    )
 
 
 def test_columns_that_match_no_forward_parameter_are_named(project: pytest.Pytester) -> None:
     # remove_unused_columns=True drops every column a forward(**inputs) does not name: train() fails the same way.
-    write(project, "train.py", """
+    write(
+        project,
+        "train.py",
+        """
         import torch
         from datasets import Dataset
         from transformers import Trainer, TrainingArguments
@@ -744,15 +834,18 @@ def test_columns_that_match_no_forward_parameter_are_named(project: pytest.Pytes
         args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
         trainer = Trainer(model=Scorer(), args=args, train_dataset=data)
         trainer.train()
-    """)
+    """,
+    )
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
-    result.stdout.fnmatch_lines([
-        "dataset[[]cpu[]] failed: Scorer.forward(**inputs) names no input: the Trainer keeps only the columns the "
-        "forward's signature names (and the labels), so it dropped 'features', 'target'*",
-        "*fix: name the inputs: def forward(self, features, target), or keep every column with "
-        "TrainingArguments(remove_unused_columns=False, *",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: Scorer.forward(**inputs) names no input: the Trainer keeps only the columns the "
+            "forward's signature names (and the labels), so it dropped 'features', 'target'*",
+            "*fix: name the inputs: def forward(self, features, target), or keep every column with "
+            "TrainingArguments(remove_unused_columns=False, *",
+        ]
+    )
 
 
 BAG_OF_WORDS = """
@@ -783,8 +876,12 @@ def test_a_model_of_your_own_says_why_lengths_are_not_varied(project: pytest.Pyt
     write(project, "train.py", BAG_OF_WORDS.format(extra=""))
     result = run_script(project, "--trainer-stages=forward,lengths,padding")
     assert outcomes(result) == {"forward[cpu]": "PASSED", "lengths[cpu]": "SKIPPED", "padding[cpu]": "SKIPPED"}
-    result.stdout.fnmatch_lines(["*a model of your own (BagOfWords): pytest-trainer cannot tell which input of a "
-                                 "model of your own is its token sequence, so it varies no length*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*a model of your own (BagOfWords): pytest-trainer cannot tell which input of a "
+            "model of your own is its token sequence, so it varies no length*"
+        ]
+    )
 
 
 def test_a_keyword_the_forward_passes_wrongly_inside_is_not_blamed_on_the_batch(project: pytest.Pytester) -> None:

@@ -70,37 +70,53 @@ def saved(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.P
 
 
 def run_trl(project: pytest.Pytester, script: str, arguments: str) -> tuple[pytest.RunResult, dict[str, dict]]:
-    result = project.runpytest(f"--trainer-module={SCRIPTS / script}", "--trainer-devices=cpu", "-v", "-rs",
-                               f"--trainer-args={arguments} --output_dir out --report_to none",
-                               "--trainer-report=report.json")
+    result = project.runpytest(
+        f"--trainer-module={SCRIPTS / script}",
+        "--trainer-devices=cpu",
+        "-v",
+        "-rs",
+        f"--trainer-args={arguments} --output_dir out --report_to none",
+        "--trainer-report=report.json",
+    )
     report = json.loads((project.path / "report.json").read_text())["items"]
     return result, {item["stage"]: item for item in report}
 
 
 @pytest.mark.parametrize("script", ["grpo.py", "rloo.py"])
 def test_trl_online_rl_script_with_a_reward_of_your_own_and_think_format_reward_passes(
-        saved: pytest.Pytester, script: str) -> None:
-    result, report = run_trl(saved, script, f"--model_name_or_path model --dataset_name chat {GENERATION} "
-                                            "--reward_funcs my_rewards.brevity think_format_reward")
+    saved: pytest.Pytester, script: str
+) -> None:
+    result, report = run_trl(
+        saved,
+        script,
+        f"--model_name_or_path model --dataset_name chat {GENERATION} "
+        "--reward_funcs my_rewards.brevity think_format_reward",
+    )
     assert failures(result, script) == [], result.stdout.str()[-4000:]
     passed = {item for item, outcome in outcomes(result, script).items() if outcome == "PASSED"}
-    assert passed == {f"{stage}[cpu]" for stage in
-                      ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "precision")}
+    assert passed == {
+        f"{stage}[cpu]"
+        for stage in ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "precision")
+    }
     notes = " ".join(report["targets"]["notes"])
     assert "`think_format_reward` gave every completion and every probe the same reward (0)" in notes
 
 
 #: Generation that never samples the end token ([SEP], id 3) within 16 tokens, as a random policy over a real
 #: vocabulary almost never does.
-UNENDING = ("--per_device_train_batch_size 4 --num_generations 4 --max_completion_length 16 "
-            "--generation_kwargs '{\"suppress_tokens\":[3]}'")
+UNENDING = (
+    "--per_device_train_batch_size 4 --num_generations 4 --max_completion_length 16 "
+    "--generation_kwargs '{\"suppress_tokens\":[3]}'"
+)
 
 
 @pytest.mark.parametrize("script", ["grpo.py", "rloo.py"])
 def test_trl_online_rl_script_on_a_random_policy_that_never_ends_passes_with_a_note(
-        saved: pytest.Pytester, script: str) -> None:
-    result, report = run_trl(saved, script, f"--model_name_or_path model --dataset_name chat {UNENDING} "
-                                            "--reward_funcs my_rewards.brevity")
+    saved: pytest.Pytester, script: str
+) -> None:
+    result, report = run_trl(
+        saved, script, f"--model_name_or_path model --dataset_name chat {UNENDING} --reward_funcs my_rewards.brevity"
+    )
     assert failures(result, script) == [], result.stdout.str()[-4000:]
     notes = " ".join(report["targets"]["notes"])
     assert "ends within max_completion_length=16: the policy samples as a model at its random start does" in notes
@@ -108,27 +124,42 @@ def test_trl_online_rl_script_on_a_random_policy_that_never_ends_passes_with_a_n
 
 @pytest.mark.parametrize("script", ["grpo.py", "rloo.py"])
 def test_trl_online_rl_script_masking_every_cut_completion_fails_targets(saved: pytest.Pytester, script: str) -> None:
-    result, _ = run_trl(saved, script, f"--model_name_or_path model --dataset_name chat {UNENDING} "
-                                       "--reward_funcs my_rewards.brevity --mask_truncated_completions true")
+    result, _ = run_trl(
+        saved,
+        script,
+        f"--model_name_or_path model --dataset_name chat {UNENDING} "
+        "--reward_funcs my_rewards.brevity --mask_truncated_completions true",
+    )
     assert failures(result, script) == ["targets[cpu]"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines(["*targets[[]cpu[]] failed: none of the 16 sampled completions ends within "
-                                 "max_completion_length=16, and mask_truncated_completions=True drops every cut*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*targets[[]cpu[]] failed: none of the 16 sampled completions ends within "
+            "max_completion_length=16, and mask_truncated_completions=True drops every cut*"
+        ]
+    )
 
 
 def test_think_format_reward_on_plain_text_prompts_fails_collate_with_the_format(saved: pytest.Pytester) -> None:
     """TRL's think_format_reward reads chat completions: given plain-text prompts it raises inside training."""
-    result, _ = run_trl(saved, "grpo.py", f"--model_name_or_path model --dataset_name plain {GENERATION} "
-                                          "--reward_funcs think_format_reward")
+    result, _ = run_trl(
+        saved,
+        "grpo.py",
+        f"--model_name_or_path model --dataset_name plain {GENERATION} --reward_funcs think_format_reward",
+    )
     assert failures(result, "grpo.py") == ["collate[cpu]"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines([
-        "*collate[[]cpu[]] failed: the reward function `think_format_reward` reads each completion as a list of chat "
-        "messages*but the dataset's prompts are plain text, so completions are strings*",
-        "*fix: give the dataset conversational prompts*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*collate[[]cpu[]] failed: the reward function `think_format_reward` reads each completion as a list of chat "
+            "messages*but the dataset's prompts are plain text, so completions are strings*",
+            "*fix: give the dataset conversational prompts*",
+        ]
+    )
 
 
 def test_trl_kto_script_passes(saved: pytest.Pytester) -> None:
-    result, _ = run_trl(saved, "kto.py", "--model_name_or_path model --dataset_name kto --per_device_train_batch_size 4")
+    result, _ = run_trl(
+        saved, "kto.py", "--model_name_or_path model --dataset_name kto --per_device_train_batch_size 4"
+    )
     assert failures(result, "kto.py") == [], result.stdout.str()[-4000:]
     passed = {item for item, outcome in outcomes(result, "kto.py").items() if outcome == "PASSED"}
     assert {"forward[cpu]", "backward[cpu]", "step[cpu]", "overfit[cpu]", "save[cpu]"} <= passed
@@ -136,7 +167,10 @@ def test_trl_kto_script_passes(saved: pytest.Pytester) -> None:
 
 def test_the_scripts_are_run_unmodified(saved: pytest.Pytester) -> None:
     before = {name: (SCRIPTS / name).read_bytes() for name in ("grpo.py", "rloo.py", "kto.py")}
-    run_trl(saved, "grpo.py", f"--model_name_or_path model --dataset_name chat {GENERATION} "
-                              "--reward_funcs my_rewards.brevity")
+    run_trl(
+        saved,
+        "grpo.py",
+        f"--model_name_or_path model --dataset_name chat {GENERATION} --reward_funcs my_rewards.brevity",
+    )
     assert {name: (SCRIPTS / name).read_bytes() for name in before} == before
     assert shlex.split(GENERATION)[1] == "4"

@@ -28,7 +28,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "conftest_examples" / "vlm_sft"
 #: TRL refuses an assistant-only loss on images before transformers 5.18 (it raises at the trainer's build).
 ASSISTANT_ONLY = pytest.mark.skipif(
     Version(transformers.__version__) < Version("5.18"),
-    reason="TRL's assistant-only loss on images needs transformers>=5.18, as TRL says when it is built")
+    reason="TRL's assistant-only loss on images needs transformers>=5.18, as TRL says when it is built",
+)
 
 
 @pytest.fixture
@@ -146,9 +147,14 @@ def test_stored_images_reach_the_collator_decoded_in_batches_the_plugin_makes(vl
 def test_supervised_image_tokens_fail_targets(vlm: pytest.Pytester) -> None:
     """TRL's vision collator copies input_ids into labels: the image placeholders are trained (trl#1880, #2136)."""
     result = run(vlm, sft("max_length=None"), "collate,targets")
-    check_fails(result, "targets[cpu]", "* supervised label positions (*) are image tokens (id 4): the model is "
-                "trained to predict the image placeholders*", "*fix: set the labels of image tokens to -100*",
-                "*dataset row 0: 4 of its 4 image tokens carry labels*")
+    check_fails(
+        result,
+        "targets[cpu]",
+        "* supervised label positions (*) are image tokens (id 4): the model is "
+        "trained to predict the image placeholders*",
+        "*fix: set the labels of image tokens to -100*",
+        "*dataset row 0: 4 of its 4 image tokens carry labels*",
+    )
 
 
 @ASSISTANT_ONLY
@@ -160,23 +166,35 @@ def test_answers_only_pass_targets(vlm: pytest.Pytester) -> None:
 def test_image_tokens_cut_by_the_collator_fail_targets_naming_the_row(vlm: pytest.Pytester) -> None:
     cut = 'batch = {k: v[:, 3:] if k in ("input_ids", "attention_mask", "labels") else v for k, v in batch.items()}'
     result = run(vlm, plain(cut=cut), "collate,targets")
-    check_fails(result, "targets[cpu]", "*dataset row 0 holds 3 image tokens but its 1 image(s) fill 4*",
-                "*fix: never truncate through image tokens*")
+    check_fails(
+        result,
+        "targets[cpu]",
+        "*dataset row 0 holds 3 image tokens but its 1 image(s) fill 4*",
+        "*fix: never truncate through image tokens*",
+    )
 
 
 def test_the_model_s_image_token_mismatch_is_explained_at_forward(vlm: pytest.Pytester) -> None:
     cut = 'batch = {k: v[:, 3:] if k in ("input_ids", "attention_mask", "labels") else v for k, v in batch.items()}'
     result = run(vlm, plain(cut=cut), "collate,forward")
-    check_fails(result, "forward[cpu]", "*the batch's image tokens and its images' features differ in number*"
-                "image tokens per row of the first batch [[]3, 3, 3, 3, 3, 3, 3, 3]*")
+    check_fails(
+        result,
+        "forward[cpu]",
+        "*the batch's image tokens and its images' features differ in number*"
+        "image tokens per row of the first batch [[]3, 3, 3, 3, 3, 3, 3, 3]*",
+    )
 
 
 @ASSISTANT_ONLY
 def test_truncation_through_image_tokens_is_explained_at_collate(vlm: pytest.Pytester) -> None:
     """transformers 5's processor raises "Mismatch in `image` token count" inside the collator."""
     result = run(vlm, sft("assistant_only_loss=True, max_length=4"), "collate")
-    check_fails(result, "collate[cpu]", "*truncation to max_length=4 cut image tokens from dataset row 0*",
-                "*fix: never truncate through image tokens: max_length=None*")
+    check_fails(
+        result,
+        "collate[cpu]",
+        "*truncation to max_length=4 cut image tokens from dataset row 0*",
+        "*fix: never truncate through image tokens: max_length=None*",
+    )
 
 
 # ---- the images reach the collator --------------------------------------------------------------------------
@@ -184,9 +202,13 @@ def test_truncation_through_image_tokens_is_explained_at_collate(vlm: pytest.Pyt
 
 def test_an_image_column_dropped_by_remove_unused_columns_fails_naming_it(vlm: pytest.Pytester) -> None:
     result = run(vlm, plain(args="remove_unused_columns=True"), "dataset")
-    check_fails(result, "dataset[cpu]", "*the Trainer dropped the image column 'image' before the collator "
-                "(remove_unused_columns=True: LlavaForConditionalGeneration.forward takes no 'image')*",
-                "*fix: set remove_unused_columns=False*")
+    check_fails(
+        result,
+        "dataset[cpu]",
+        "*the Trainer dropped the image column 'image' before the collator "
+        "(remove_unused_columns=True: LlavaForConditionalGeneration.forward takes no 'image')*",
+        "*fix: set remove_unused_columns=False*",
+    )
 
 
 # ---- save: the processor reloads -------------------------------------------------------------------------------
@@ -194,8 +216,12 @@ def test_an_image_column_dropped_by_remove_unused_columns_fails_naming_it(vlm: p
 
 def test_a_tokenizer_saved_alone_beside_a_vision_language_model_fails_save(vlm: pytest.Pytester) -> None:
     result = run(vlm, plain(processing="processor.tokenizer"), "collate,save")
-    check_fails(result, "save[cpu]", "*the Trainer saves a * without an image processor*",
-                "*fix: pass the processor (image processor and tokenizer together) as processing_class=*")
+    check_fails(
+        result,
+        "save[cpu]",
+        "*the Trainer saves a * without an image processor*",
+        "*fix: pass the processor (image processor and tokenizer together) as processing_class=*",
+    )
 
 
 def test_the_processor_reloads_from_the_checkpoint(vlm: pytest.Pytester) -> None:
@@ -207,27 +233,39 @@ def test_the_processor_reloads_from_the_checkpoint(vlm: pytest.Pytester) -> None
 
 
 def test_a_trainable_vision_tower_whose_pooled_output_llava_skips_passes_backward_with_a_note(
-        vlm: pytest.Pytester) -> None:
+    vlm: pytest.Pytester,
+) -> None:
     """LLaVA reads a vision layer's hidden states, not the tower's pooled output through post_layernorm: those
     parameters get no gradient and do not train, which DistributedDataParallel accepts as the Trainer sets it up
     (find_unused_parameters on): no false alarm."""
-    unfrozen = plain().replace("trainer.train()", "trainer.model.model.vision_tower.requires_grad_(True)\n"
-                               "    trainer.train()")
+    unfrozen = plain().replace(
+        "trainer.train()", "trainer.model.model.vision_tower.requires_grad_(True)\n    trainer.train()"
+    )
     assert unfrozen != plain()
     write(vlm, "train.py", unfrozen)
     result = run_script(vlm, "--trainer-stages=collate,forward,backward", "--trainer-report=report.json")
     check_passes(result, "backward[cpu]")
-    notes = " ".join(next(item["notes"] for item in json.loads((vlm.path / "report.json").read_text())["items"]
-                          if item["stage"] == "backward"))
+    notes = " ".join(
+        next(
+            item["notes"]
+            for item in json.loads((vlm.path / "report.json").read_text())["items"]
+            if item["stage"] == "backward"
+        )
+    )
     assert "get no gradient from the loss, so they do not train" in notes and "post_layernorm" in notes, notes
 
 
 def test_the_same_with_ddp_not_looking_for_unused_parameters_fails_backward(vlm: pytest.Pytester) -> None:
     unfrozen = plain("remove_unused_columns=False, ddp_find_unused_parameters=False").replace(
-        "trainer.train()", "trainer.model.model.vision_tower.requires_grad_(True)\n    trainer.train()")
+        "trainer.train()", "trainer.model.model.vision_tower.requires_grad_(True)\n    trainer.train()"
+    )
     result = run(vlm, unfrozen, "collate,forward,backward")
-    check_fails(result, "backward[cpu]", "*trainable parameters get no gradient from the loss*post_layernorm*",
-                "*ddp_find_unused_parameters*")
+    check_fails(
+        result,
+        "backward[cpu]",
+        "*trainable parameters get no gradient from the loss*post_layernorm*",
+        "*ddp_find_unused_parameters*",
+    )
 
 
 def test_an_image_processor_reloaded_with_the_other_backend_is_the_same_processor() -> None:
@@ -237,13 +275,24 @@ def test_an_image_processor_reloaded_with_the_other_backend_is_the_same_processo
     from pytest_trainer import vision_text
 
     pil = getattr(transformers, "LlavaImageProcessorPil", None) or transformers.CLIPImageProcessor
-    other_backend = type(pil.__name__.removesuffix("Pil") + ("" if pil.__name__.endswith("Pil") else "Fast"), (pil,), {})
+    other_backend = type(
+        pil.__name__.removesuffix("Pil") + ("" if pil.__name__.endswith("Pil") else "Fast"), (pil,), {}
+    )
     trained, reloaded = LlavaProcessor.__new__(LlavaProcessor), LlavaProcessor.__new__(LlavaProcessor)
     trained.image_processor, reloaded.image_processor = pil(), other_backend()
-    differing = [(what, before, after) for what, before, after in vision_text.image_settings(trained, reloaded)
-                 if before != after]
+    differing = [
+        (what, before, after)
+        for what, before, after in vision_text.image_settings(trained, reloaded)
+        if before != after
+    ]
     assert differing == []
-    reloaded.image_processor = transformers.SiglipImageProcessor() if hasattr(transformers, "SiglipImageProcessor") \
+    reloaded.image_processor = (
+        transformers.SiglipImageProcessor()
+        if hasattr(transformers, "SiglipImageProcessor")
         else transformers.ViTImageProcessor()
-    assert any(what == "image processor class" for what, before, after in vision_text.image_settings(trained, reloaded)
-               if before != after)
+    )
+    assert any(
+        what == "image processor class"
+        for what, before, after in vision_text.image_settings(trained, reloaded)
+        if before != after
+    )

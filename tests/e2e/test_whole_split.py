@@ -81,10 +81,12 @@ def test_image_folder_with_a_head_too_small_fails_dataset_naming_the_label_range
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
     # Rows 0-7 are classes 0 and 1; row 8 is the first of class 2, named by its index in the dataset.
-    result.stdout.fnmatch_lines([
-        "*labels range 0..9 (10 classes) but the model has 2 outputs (row 8 of the training dataset has label 2)*",
-        "*fix: pass num_labels=10 when building the model, e.g. ViTConfig(..., num_labels=10)",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*labels range 0..9 (10 classes) but the model has 2 outputs (row 8 of the training dataset has label 2)*",
+            "*fix: pass num_labels=10 when building the model, e.g. ViTConfig(..., num_labels=10)",
+        ]
+    )
     result.stdout.no_fnmatch_line("*Target * is out of bounds*")
 
 
@@ -125,8 +127,9 @@ def test_text_sorted_by_label_fails_on_the_first_row_of_the_late_class(project: 
     # Renamed from "label" to "labels" but passed through unchanged: read from storage over all 60 rows.
     result = run_script(project, "--trainer-stages=dataset", "--trainer-sample=4")
     assert failures(result) == ["dataset[cpu]"]
-    result.stdout.fnmatch_lines(["*labels range 0..2 (3 classes) but the model has 2 outputs "
-                                 "(row 40 of the training dataset has label 2)*"])
+    result.stdout.fnmatch_lines(
+        ["*labels range 0..2 (3 classes) but the model has 2 outputs (row 40 of the training dataset has label 2)*"]
+    )
 
 
 def test_a_computed_label_is_read_on_rows_spread_over_the_split(project: pytest.Pytester) -> None:
@@ -136,8 +139,9 @@ def test_a_computed_label_is_read_on_rows_spread_over_the_split(project: pytest.
     write(project, "train.py", SORTED_TEXT.replace("LABELS", computed).replace("CLASS_COUNT", "3"))
     result = run_script(project, "--trainer-stages=dataset", "--trainer-sample=4")
     assert failures(result) == ["dataset[cpu]"]
-    result.stdout.fnmatch_lines(["*labels range 0..5 (6 classes) but the model has 3 outputs "
-                                 "(row 59 of the training dataset has label 5)*"])
+    result.stdout.fnmatch_lines(
+        ["*labels range 0..5 (6 classes) but the model has 3 outputs (row 59 of the training dataset has label 5)*"]
+    )
 
 
 def test_text_sorted_by_label_with_every_class_in_the_head_passes(project: pytest.Pytester) -> None:
@@ -234,8 +238,10 @@ def test_whisper_targets_padded_to_max_length_with_the_pad_id_fail_dataset(proje
     write(project, "train.py", WHISPER.replace("TARGET_PADDING", ', padding="max_length", max_length=20'))
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
-    result.stdout.fnmatch_lines([
-        "*the labels hold the pad id 0 (row 0 of the training dataset, after its end token, and * positions in all) "
-        "instead of -100*",
-        "*label_pad_token_id=-100*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*the labels hold the pad id 0 (row 0 of the training dataset, after its end token, and * positions in all) "
+            "instead of -100*",
+            "*label_pad_token_id=-100*",
+        ]
+    )

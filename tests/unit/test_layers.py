@@ -16,28 +16,67 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_trainer"
 #: Top to bottom. A module may import its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pytest_trainer", "pytest_trainer.plugin"),  # the public API and the hooks
-    ("pytest_trainer.items", "pytest_trainer.session", "pytest_trainer.options", "pytest_trainer.report",
-     "pytest_trainer.report.summary", "pytest_trainer.report.html"),
+    (
+        "pytest_trainer.items",
+        "pytest_trainer.session",
+        "pytest_trainer.options",
+        "pytest_trainer.report",
+        "pytest_trainer.report.summary",
+        "pytest_trainer.report.html",
+    ),
     ("pytest_trainer.plan",),  # the items, ordered from the stages' declarations
     ("pytest_trainer.stages",),  # the registry of stages and the runner of one
     ("pytest_trainer.stages.*",),  # one module per stage, and what a stage is
-    ("pytest_trainer.fed_checks", "pytest_trainer.task_checks", "pytest_trainer.explanations",
-     "pytest_trainer.explanations.pipeline_rows", "pytest_trainer.strategies", "pytest_trainer.search",
-     "pytest_trainer.memory_forecast", "pytest_trainer.accumulation", "pytest_trainer.reward_checks",
-     "pytest_trainer.vision_text", "pytest_trainer.distributed", "pytest_trainer.distributed.judges",
-     "pytest_trainer.report.pictures", "pytest_trainer.asked", "pytest_trainer.asked.checks",
-     "pytest_trainer.asked.packing", "pytest_trainer.asked.pairs", "pytest_trainer.overlap"),
+    (
+        "pytest_trainer.fed_checks",
+        "pytest_trainer.task_checks",
+        "pytest_trainer.explanations",
+        "pytest_trainer.explanations.pipeline_rows",
+        "pytest_trainer.strategies",
+        "pytest_trainer.search",
+        "pytest_trainer.memory_forecast",
+        "pytest_trainer.accumulation",
+        "pytest_trainer.reward_checks",
+        "pytest_trainer.vision_text",
+        "pytest_trainer.distributed",
+        "pytest_trainer.distributed.judges",
+        "pytest_trainer.report.pictures",
+        "pytest_trainer.asked",
+        "pytest_trainer.asked.checks",
+        "pytest_trainer.asked.packing",
+        "pytest_trainer.asked.pairs",
+        "pytest_trainer.overlap",
+    ),
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
-    ("pytest_trainer.families", "pytest_trainer.fed_data", "pytest_trainer.training", "pytest_trainer.losses",
-     "pytest_trainer.adapters", "pytest_trainer.sampling", "pytest_trainer.embeddings", "pytest_trainer.asked.view",
-     "pytest_trainer.distributed.rank", "pytest_trainer.distributed.processes",
-     "pytest_trainer.distributed.sharding"),  # trainer families, fed data, training runs, one rank of several
+    (
+        "pytest_trainer.families",
+        "pytest_trainer.fed_data",
+        "pytest_trainer.training",
+        "pytest_trainer.losses",
+        "pytest_trainer.adapters",
+        "pytest_trainer.sampling",
+        "pytest_trainer.embeddings",
+        "pytest_trainer.asked.view",
+        "pytest_trainer.distributed.rank",
+        "pytest_trainer.distributed.processes",
+        "pytest_trainer.distributed.sharding",
+    ),  # trainer families, fed data, training runs, one rank of several
     ("pytest_trainer.script_runner", "pytest_trainer.explanations.script_rows"),  # a script up to trainer.train()
     ("pytest_trainer.tasks",),  # what a task's labels and inputs are
-    ("pytest_trainer.model_facts", "pytest_trainer.tables", "pytest_trainer.devices", "pytest_trainer.settings",
-     "pytest_trainer.diagnosis", "pytest_trainer.timeouts", "pytest_trainer.stack", "pytest_trainer.frames",
-     "pytest_trainer.user_files", "pytest_trainer.metric_settings", "pytest_trainer.renames",
-     "pytest_trainer.explanations.registry"),  # facts
+    (
+        "pytest_trainer.model_facts",
+        "pytest_trainer.tables",
+        "pytest_trainer.devices",
+        "pytest_trainer.settings",
+        "pytest_trainer.diagnosis",
+        "pytest_trainer.timeouts",
+        "pytest_trainer.stack",
+        "pytest_trainer.frames",
+        "pytest_trainer.user_files",
+        "pytest_trainer.metric_settings",
+        "pytest_trainer.renames",
+        "pytest_trainer.explanations.registry",
+    ),  # facts
 )
 #: What each layer holds, for the layer table of CONTRIBUTING.md (docs/generate.py).
 ROLES: tuple[str, ...] = (
@@ -156,24 +195,35 @@ def test_the_package_layers_run_one_way() -> None:
 
 def test_every_layer_names_modules_that_exist() -> None:
     names = set(modules(PACKAGE))
-    missing = [name for layer in LAYERS for name in layer
-               if not name.endswith(".*") and name not in names]
+    missing = [name for layer in LAYERS for name in layer if not name.endswith(".*") and name not in names]
     assert missing == []
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"low.py": "from pkg import high\n", "high.py": "from pkg import low\n"},
-     ["pkg.low imports pkg.high, of a higher layer", "import circle: pkg.high -> pkg.low"]),
-    ({"low.py": "def f():\n    from pkg.high import thing\n", "high.py": ""},
-     ["pkg.low imports pkg.high, of a higher layer"]),
-    ({"low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import high\n", "high.py": ""},
-     ["pkg.low imports pkg.high, of a higher layer"]),
-    ({"low.py": "", "high.py": "from pkg.low import x\n", "stray.py": ""},
-     ["pkg.stray has no layer in tests/unit/test_layers.py"]),
-    ({"low.py": "", "high.py": "from pkg import low\n"}, []),
-])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (
+            {"low.py": "from pkg import high\n", "high.py": "from pkg import low\n"},
+            ["pkg.low imports pkg.high, of a higher layer", "import circle: pkg.high -> pkg.low"],
+        ),
+        (
+            {"low.py": "def f():\n    from pkg.high import thing\n", "high.py": ""},
+            ["pkg.low imports pkg.high, of a higher layer"],
+        ),
+        (
+            {"low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import high\n", "high.py": ""},
+            ["pkg.low imports pkg.high, of a higher layer"],
+        ),
+        (
+            {"low.py": "", "high.py": "from pkg.low import x\n", "stray.py": ""},
+            ["pkg.stray has no layer in tests/unit/test_layers.py"],
+        ),
+        ({"low.py": "", "high.py": "from pkg import low\n"}, []),
+    ],
+)
 def test_the_check_finds_upward_imports_circles_and_unplaced_modules(
-        tmp_path: Path, files: dict[str, str], expected: list[str]) -> None:
+    tmp_path: Path, files: dict[str, str], expected: list[str]
+) -> None:
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -189,10 +239,8 @@ def test_loading_the_plugin_and_its_plan_imports_nothing_heavy() -> None:
     import sys
 
     heavy = ("torch", "numpy", "pyarrow", "hypothesis", "transformers", "datasets")
-    code = ("import sys, pytest_trainer.plugin, pytest_trainer.plan\n"
-            f"print([m for m in {heavy!r} if m in sys.modules])")
-    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           cwd=PACKAGE.parent)
+    code = f"import sys, pytest_trainer.plugin, pytest_trainer.plan\nprint([m for m in {heavy!r} if m in sys.modules])"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent)
     assert found.stdout.strip() == "[]", found.stdout + found.stderr
 
 
@@ -207,7 +255,9 @@ def test_the_unit_tests_import_no_heavy_library() -> None:
 
     unit = Path(__file__).resolve().parent
     names = sorted(path.stem for path in unit.glob("test_*.py"))
-    script = (f"import sys; sys.path.insert(0, {str(unit)!r}); import {', '.join(names)}; "
-              f"print(' '.join(name for name in {HEAVY!r} if name in sys.modules))")
+    script = (
+        f"import sys; sys.path.insert(0, {str(unit)!r}); import {', '.join(names)}; "
+        f"print(' '.join(name for name in {HEAVY!r} if name in sys.modules))"
+    )
     imported = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert imported.strip() == "", f"tests/unit imports {imported.strip()}"

@@ -11,8 +11,10 @@ from pytest_trainer import overlap
 
 def rows(*sequences: list[int]) -> overlap.Rows:
     lengths = [len(sequence) for sequence in sequences]
-    return overlap.Rows(np.array([token for sequence in sequences for token in sequence], dtype=np.int64),
-                        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    return overlap.Rows(
+        np.array([token for sequence in sequences for token in sequence], dtype=np.int64),
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+    )
 
 
 def test_equal_rows_hash_equal_and_order_matters() -> None:

@@ -22,8 +22,22 @@ EVERY_STAGE = (*STAGES, *OPT_IN)
 
 
 #: Every item of a script on one device, in the order the plugin runs them.
-ITEMS = ("dataset", "collate", "targets", "forward", "backward", "step", "overfit", "save", "eval", "precision", "memory",
-         "labels", "lengths", "padding")
+ITEMS = (
+    "dataset",
+    "collate",
+    "targets",
+    "forward",
+    "backward",
+    "step",
+    "overfit",
+    "save",
+    "eval",
+    "precision",
+    "memory",
+    "labels",
+    "lengths",
+    "padding",
+)
 
 
 def ranks(steps: list[Step]) -> list[int]:
@@ -160,8 +174,20 @@ def closure(failed: str) -> set[str]:
 
 
 def test_failed_forward_blocks_every_stage_that_runs_the_model() -> None:
-    assert blocked_by("forward") == {"backward", "step", "overfit", "save", "memory", "precision", "eval", "labels",
-                                     "lengths", "padding", "baseline", "distributed"}
+    assert blocked_by("forward") == {
+        "backward",
+        "step",
+        "overfit",
+        "save",
+        "memory",
+        "precision",
+        "eval",
+        "labels",
+        "lengths",
+        "padding",
+        "baseline",
+        "distributed",
+    }
 
 
 def test_failed_dataset_blocks_every_stage_after_it() -> None:
@@ -201,8 +227,12 @@ class Item:
 def test_cpu_first_moves_cpu_items_ahead_and_leaves_other_items_in_place() -> None:
     cuda_forward, cpu_forward, cuda_step, cpu_step = (Item(name) for name in ("f-cuda", "f-cpu", "s-cuda", "s-cpu"))
     plain_a, plain_b = Item("test_a"), Item("test_b")
-    step_of = {id(cuda_forward): Step("forward", "cuda"), id(cpu_forward): Step("forward", "cpu"),
-               id(cuda_step): Step("step", "cuda"), id(cpu_step): Step("step", "cpu")}
+    step_of = {
+        id(cuda_forward): Step("forward", "cuda"),
+        id(cpu_forward): Step("forward", "cpu"),
+        id(cuda_step): Step("step", "cuda"),
+        id(cpu_step): Step("step", "cpu"),
+    }
     items = [plain_a, cuda_forward, cpu_forward, plain_b, cuda_step, cpu_step]
     ordered = cpu_first(items, step_of)
     assert ordered[0] is plain_a and ordered[3] is plain_b

@@ -31,8 +31,10 @@ def test_an_error_comes_back_with_the_frame_that_raised_it() -> None:
     assert [frame.name for frame in traceback.extract_tb(raised.value.__traceback__)][-1] == "build"
 
 
-@pytest.mark.skipif(platform.python_implementation() != "CPython" or sys.version_info < (3, 11),
-                    reason="frames live on chunked data stacks from CPython 3.11 on; before, the call is direct")
+@pytest.mark.skipif(
+    platform.python_implementation() != "CPython" or sys.version_info < (3, 11),
+    reason="frames live on chunked data stacks from CPython 3.11 on; before, the call is direct",
+)
 def test_the_frame_in_front_fills_a_chunk_to_a_direct_runs_room() -> None:
     trampoline = stack._trampoline()
     assert trampoline is not None
