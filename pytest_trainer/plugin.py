@@ -13,7 +13,7 @@ import pytest
 from pytest_trainer import devices, options
 from pytest_trainer.diagnosis import ScriptError, TrainerError
 from pytest_trainer.items import StageItem, TrainerScript, stated_failure
-from pytest_trainer.plan import DEVICES, LOAD, STAGES, Step, cpu_first, plan
+from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES, Step, cpu_first, plan
 from pytest_trainer.report import summary
 from pytest_trainer.session import ALL, has_session, session_of, start_session
 from pytest_trainer.settings import Settings
@@ -276,6 +276,8 @@ def trainer_strategies(trainer_stage: TrainerStage) -> Any:
 def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[str, Any]:
     """What the report needs of this item, in plain values that travel from xdist workers (as JSON)."""
     facts: dict[str, Any] = {"script": _pipeline_key(item), "stage": step.stage, "device": step.device}
+    if step.stage in OPT_IN:
+        facts["opt_in"] = OPT_IN[step.stage]
     not_run: dict[str, bool] = item.stash.get(_NOT_RUN, {})
     facts.update(not_run)
     error = call.excinfo.value if call.excinfo is not None else None

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_trainer.plan import OPT_IN
 from pytest_trainer.sampling import SECONDS_FIGURE
 
 #: Name under which an item's pipeline facts travel in `report.user_properties`.
@@ -40,6 +39,8 @@ class ItemRecord:
     blocked: bool = False
     #: Skipped because its device is not on this machine.
     unavailable: bool = False
+    #: The setting that turns the stage on, where it runs only when asked (`--trainer-processes`), else "".
+    opt_in: str = ""
     #: What the stage drew (see `pytest_trainer.report.pictures`), for the HTML report.
     pictures: dict[str, Any] = field(default_factory=dict)
 
@@ -119,6 +120,7 @@ class PipelineReport:
             return
         record = self._records.setdefault(report.nodeid, ItemRecord(facts["script"], facts["stage"], facts["device"]))
         record.duration += report.duration
+        record.opt_in = facts.get("opt_in", record.opt_in)
         record.blocked = record.blocked or bool(facts.get("blocked"))
         record.unavailable = record.unavailable or bool(facts.get("unavailable"))
         record.pictures.update(getattr(report, "trainer_pictures", None) or {})
@@ -275,7 +277,7 @@ def _cost_lines(records: list[ItemRecord]) -> list[Line]:
     online RL trainer's batches), so that turning them on is a known price."""
     lines: list[Line] = []
     for record in records:
-        setting = OPT_IN.get(record.stage)
+        setting = record.opt_in
         if setting and record.ran and record.outcome != "skipped":
             lines.append(
                 [
