@@ -34,33 +34,6 @@ ROOT = HERE.parents[1]
 DATA = HERE / "data"
 GRPO = ROOT / "conftest_examples" / "grpo"
 
-#: The correct classifier of tests/e2e/test_distributed.py (GOOD): 10 training rows on 2 ranks, 7 eval rows, a metric, a
-#: callback that writes on the main process only.
-GOOD = """
-    import json
-    import tiny
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-
-    tok = tiny.tokenizer()
-    train = tiny.tokenized(tiny.text_dataset(10), tok)
-    evaluation = tiny.tokenized(tiny.text_dataset(7, seed=1), tok)
-
-    def accuracy(prediction):
-        return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
-
-    class Notes(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                with open(f"{args.output_dir}/notes.json", "w") as notes:
-                    json.dump({"step": state.global_step}, notes)
-
-    args = TrainingArguments(output_dir="checkpoints", per_device_train_batch_size=4, per_device_eval_batch_size=2,
-                             report_to="none")
-    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=train, eval_dataset=evaluation,
-                      processing_class=tok, compute_metrics=accuracy, callbacks=[Notes()])
-    trainer.train()
-"""
-
 #: test_a_rank_that_dies_is_reported: rank 1 killed (SIGKILL, as the out-of-memory killer does) at its first batch.
 #: SLOW_PEER is put before it: rank 0 slowed down at its first batch, as on a loaded machine.
 KILLED = """
@@ -206,8 +179,8 @@ FSDP = """
 """
 
 #: name: (script, seconds the job may take, the layers to shard with fully_shard or None)
-JOBS: dict[str, tuple[str, float, list[str] | None]] = {
-    "rank_good": (GOOD, 300, None),
+JOBS: dict[str, tuple[str | None, float, list[str] | None]] = {
+    "rank_good": (None, 300, None),  # None: the correct classifier, GOOD of tests/e2e/test_distributed.py
     "rank_killed": (KILLED.replace("        SLOW_PEER\n", ""), 300, None),
     "rank_killed_slow_peer": (
         KILLED.replace(
@@ -232,10 +205,12 @@ RECORD_KEYS = ("rank", "progress", "data", "rows", "weights", "written", "engine
 
 def record_job(name: str) -> None:
     from conftest import TINY
+    from test_distributed import GOOD
 
     from pytest_trainer.distributed import processes
 
     source, timeout, layers = JOBS[name]
+    source = source or GOOD
     with tempfile.TemporaryDirectory(prefix="record-") as folder:
         project = Path(folder)
         (project / "tiny.py").write_text(textwrap.dedent(TINY))
