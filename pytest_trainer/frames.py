@@ -18,7 +18,8 @@ USER = "user"
 #: Frames that only carry a call to the user's code or from it: this plugin's, pytest's, pluggy's and runpy's.
 PLUMBING = frozenset({PLUGIN, "_pytest", "pytest", "pluggy", "runpy"})
 
-_PACKAGE = Path(__file__).resolve().parent
+#: This package's folder, as imported and as resolved (a virtualenv's lib64 is often a link to its lib).
+_PACKAGES = (PurePath(__file__).parent, Path(__file__).resolve().parent)
 _INSTALLED = ("site-packages", "dist-packages")
 _STANDARD = tuple(PurePath(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib"))
 
@@ -28,12 +29,13 @@ def owner(path: str | PurePath) -> str:
     if str(path).startswith("<"):  # `<frozen runpy>`, `<string>`: code Python made, not a file of anyone's
         return "runpy" if "runpy" in str(path) else PYTHON
     where = PurePath(path)
-    if where.is_relative_to(_PACKAGE):
+    if any(where.is_relative_to(package) for package in _PACKAGES):
         return PLUGIN
     parts = where.parts
     for marker in _INSTALLED:
         if marker in parts and parts.index(marker) + 1 < len(parts):
-            return parts[parts.index(marker) + 1].removesuffix(".py")
+            name = parts[parts.index(marker) + 1].removesuffix(".py")
+            return PLUGIN if name == _PACKAGES[0].name else name
     if any(where.is_relative_to(root) for root in _STANDARD):
         return "runpy" if where.stem == "runpy" else PYTHON
     return USER

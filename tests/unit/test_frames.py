@@ -23,6 +23,7 @@ STDLIB = sysconfig.get_paths()["stdlib"]
         ("/venv/lib/python3.11/site-packages/six.py", "six"),
         ("/venv/lib/python3.11/site-packages/_pytest/python.py", "_pytest"),
         (PLUGIN_FILE, frames.PLUGIN),
+        ("/venv/lib64/python3.11/site-packages/pytest_trainer/items.py", frames.PLUGIN),  # installed, through a link
         (f"{STDLIB}/threading.py", frames.PYTHON),
         (f"{STDLIB}/runpy.py", "runpy"),
         ("<frozen runpy>", "runpy"),
