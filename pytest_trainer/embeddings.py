@@ -8,7 +8,7 @@ dataset of the wrong shape trains on the wrong pairs or on labels the loss canno
 against the others of its batch (in-batch negatives) learn contradictions where a batch holds the same text twice,
 which the NO_DUPLICATES batch sampler exists to prevent.
 
-A split here is a `fed.FedSplit`: the split as the trainer feeds it.
+A split here is a `fed_data.FedSplit`: the split as the trainer feeds it.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class Pipeline:
         #: Precision settings the script asked for that this machine turned off (bf16 without a GPU, say).
         self.asked_precision: frozenset[str] = frozenset()
         #: Where the Trainer put the model (the GPU, where there is one): a marked test finds it there after a stage.
-        self._home = (
+        self._trainer_device = (
             next((parameter.device for parameter in trainer.model.parameters()), None)
             if trainer.model is not None
             else None
@@ -128,9 +128,9 @@ class Pipeline:
         """The model back where the Trainer put it, for the user's own assertions after a stage moved it."""
         model: Any = self.trainer.model
         now = next((parameter.device for parameter in model.parameters()), None) if model is not None else None
-        if self._home is not None and now is not None and now != self._home:
-            with diagnosis.pipeline_part(f"moving the model back to {self._home}"):
-                model.to(self._home)
+        if self._trainer_device is not None and now is not None and now != self._trainer_device:
+            with diagnosis.pipeline_part(f"moving the model back to {self._trainer_device}"):
+                model.to(self._trainer_device)
 
     def fixed_batch_run(self, device: str, factor: float = 1.0, within: int | None = None) -> FixedBatchRun:
         """The training run on the fixed batch shared on `device`, continued where another stage left it.

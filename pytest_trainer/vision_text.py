@@ -64,7 +64,7 @@ def audit(
     pipeline: Pipeline, spread: Sequence[tuple[dict[str, np.ndarray], list[dict[str, Any]]]], sampled: int
 ) -> tuple[dict[str, float], list[str]]:
     """Check the batches of a vision-language task collated from `sampled` rows spread over the training split
-    (`fed.Batches.spread`, as numpy); return figures and notes for the report."""
+    (`fed_data.Batches.spread`, as numpy); return figures and notes for the report."""
     token = pipeline.task.image_token
     if token is None:
         return {}, []

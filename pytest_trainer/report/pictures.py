@@ -1,5 +1,6 @@
-"""What a stage saw, as plain data the reports draw: the rows of the batch the model is fed, with the tokens it is
-trained on; the overfitting loss curve; the memory forecast by part; the rewards per group of completions.
+"""The rows of the batch the model is fed, with the tokens it is trained on, as plain data the reports draw. The
+other pictures (the overfitting loss curve, the memory forecast by part, the rewards per group of completions) are
+drawn by their stages as the same kind of data; `report.html` renders them all.
 
 Pictures are JSON values (lists, dicts, strings, numbers), so that they travel from pytest-xdist workers and into
 any report. They are kept small: a few rows of the first batch, cut at `TOKENS` tokens each.

@@ -1,7 +1,7 @@
 """`memory`: one training step and the evaluation fit in the GPU's memory, forecast without allocating it.
 
 The forecast takes the script's own per-device batch size, the longest rows of its data as its collator
-batches them, its optimizer, mixed precision, gradient checkpointing and adapters (see `memory`). The
+batches them, its optimizer, mixed precision, gradient checkpointing and adapters (see `memory_forecast`). The
 evaluation's peak adds what the Trainer gathers for compute_metrics: every evaluation row's logits,
 unless preprocess_logits_for_metrics reduces them or eval_accumulation_steps moves them off the GPU.
 The budget is --trainer-gpu-memory, else the GPU present. Without either there is nothing to hold the forecast to:

@@ -52,17 +52,17 @@ def test_starting_weights_come_back_and_the_trained_ones_are_named() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
     model[3].requires_grad_(False)
     before = {name: value.clone() for name, value in model.state_dict().items()}
-    pristine = SavedWeights(model)
+    saved = SavedWeights(model)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     model.train()
     model(torch.randn(16, 4)).pow(2).sum().backward()
     optimizer.step()
-    assert pristine.changed(model) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert saved.changed(model) == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert not torch.equal(model[2].running_mean, before["2.running_mean"])  # a buffer training changed
-    pristine.restore(model)
-    assert pristine.changed(model) == []
+    saved.restore(model)
+    assert saved.changed(model) == []
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
-    pristine.close()
+    saved.close()
 
 
 def test_non_finite_names_nan_and_inf_and_not_large_finite_values() -> None:

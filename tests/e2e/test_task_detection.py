@@ -1,4 +1,4 @@
-"""What a model is trained to do (`tasks.detect`) and how a trainer feeds it (`families.of`), on tiny real models.
+"""What a model is trained to do (`tasks.detect`) and how a trainer feeds it (`families.family_of`), on tiny real models.
 
 Pinned: each kind of transformers model gets the Task the checks rely on (what a label is, the width of its head,
 its token-sequence input, whether a choices axis sits in the batch, which keys run along the decoder); the class a

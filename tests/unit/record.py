@@ -1,8 +1,8 @@
 """Regenerate the recorded data of the unit tests (tests/unit/data/*.json) from real runs.
 
 - `rank_*.json`: real two-process jobs under torch.distributed.run on the CPU (gloo), started by pytest-trainer's
-  own `processes.run`, as the `distributed` item starts them (3 steps, the Trainer's own train()); each keeps what the
-  judges of `judges` read: every rank's record, torchrun's return code and last lines, whether it timed out, and
+  own `distributed.processes.run`, as the `distributed` item starts them (3 steps, the Trainer's own train()); each keeps what the
+  judges of `distributed.judges` read: every rank's record, torchrun's return code and last lines, whether it timed out, and
   the ranks' stacks. The scripts are those of tests/e2e/test_distributed.py.
 - `grpo_*.json`: conftest_examples/grpo/train.py (TRL's GRPOTrainer on a tiny Llama) loaded as the plugin loads it
   and sampled by `sampling.sample`, as the `targets` item does; each keeps the `Sampled` fields `reward_checks` reads

@@ -261,3 +261,17 @@ def test_the_unit_tests_import_no_heavy_library() -> None:
     )
     imported = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert imported.strip() == "", f"tests/unit imports {imported.strip()}"
+
+
+def test_running_a_script_imports_no_pipeline_check() -> None:
+    """The script runner needs only the script half of the explanations: in a fresh interpreter (where a package's
+    `__init__` runs too, which the layer walk above does not see), importing it loads no pipeline row, no check of
+    the fed data and no pipeline. Every torchrun rank starts this way."""
+    import subprocess
+    import sys
+
+    pipeline_side = ("pipeline", "fed_checks", "fed_data", "explanations.pipeline_rows", "vision_text", "task_checks")
+    names = [f"pytest_trainer.{name}" for name in pipeline_side]
+    code = f"import sys, pytest_trainer.script_runner\nprint([m for m in {names!r} if m in sys.modules])"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent)
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr

@@ -127,7 +127,7 @@ def test_a_rank_that_raised_is_named_with_its_own_error_not_its_peers() -> None:
 
 
 def test_a_rank_that_raised_is_explained_by_the_pipelines_explanation_where_there_is_one() -> None:
-    """rank_raises, with an `explain` that knows the error (as explanations.explain does from the pipeline's facts)."""
+    """rank_raises, with an `explain` that knows the error (as explanations.pipeline_rows.explain does from the pipeline's facts)."""
 
     def explain(error: BaseException) -> diagnosis.PipelineFailure | None:
         if isinstance(error, ValueError):
