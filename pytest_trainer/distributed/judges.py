@@ -378,16 +378,16 @@ def _hang(ranks: Ranks, processes: int) -> diagnosis.PipelineFailure:
     """Name the rank that hung: the one stopped in the user's own code, else the one that got least far."""
     records = ranks.records
     where = {record["rank"]: record.get("progress", "not started") for record in records}
-    frames = {rank: _frames(ranks.stacks.get(rank, "")) for rank in where}
-    mine = {rank: [frame for frame in found if _users(frame)] for rank, found in frames.items()}
+    dumped = {rank: _frames(ranks.stacks.get(rank, "")) for rank in where}
+    mine = {rank: users_frames(ranks.stacks.get(rank, "")) for rank in where}
     behind = min(records, key=lambda record: len(record.get("rows") or []))["rank"]
     rank = next((rank for rank in where if mine[rank]), behind)
     details = [f"rank {other}: {progress}" for other, progress in where.items()]
     if mine[rank]:
         details += [f"rank {rank} waits at:", *(f"  {frame}" for frame in mine[rank][:4])]
     for other in where:
-        if other != rank and frames[other]:
-            details.append(f"rank {other} waits in {frames[other][0]}")
+        if other != rank and dumped[other]:
+            details.append(f"rank {other} waits in {dumped[other][0][1]}")
     return diagnosis.PipelineFailure(
         f"rank {rank} of {processes} hung while {where.get(rank)}: the job did not finish within "
         f"{ranks.seconds:.0f} s; in a real run the other ranks wait for it until the process group times out "
@@ -397,18 +397,18 @@ def _hang(ranks: Ranks, processes: int) -> diagnosis.PipelineFailure:
     )
 
 
-def _frames(stack: str) -> list[str]:
-    """The frames of a faulthandler dump, innermost first, as `path:line in function`."""
+def _frames(stack: str) -> list[tuple[str, str]]:
+    """The frames of a faulthandler dump, innermost first: (path, `path:line in function`)."""
     return [
-        f"{path}:{line} in {name}"
+        (path, f"{path}:{line} in {name}")
         for path, line, name in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stack)
         if not path.startswith("<")
     ]
 
 
-def _users(frame: str) -> bool:
-    """A frame of the user's code: the script or a file of theirs, not a library's, Python's nor pytest-trainer's."""
-    return frames.is_users(frame.rsplit(" in ", 1)[0].rsplit(":", 1)[0])  # `path:line in function`
+def users_frames(stack: str) -> list[str]:
+    """The frames of a dump that run the user's code (the script or a file of theirs), innermost first."""
+    return [shown for path, shown in _frames(stack) if frames.is_users(path)]
 
 
 def _with(failure: diagnosis.TrainerError, data: diagnosis.PipelineFailure | None) -> diagnosis.TrainerError:

@@ -44,6 +44,87 @@ GOOD = """
     trainer.train()
 """
 
+#: A rank that waits, in a callback, for a step the main process never takes.
+HANGS = """
+    import os
+    import time
+    import tiny
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class WaitForMain(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero and state.global_step == 1:
+                while not os.path.exists(f"{args.output_dir}/ready"):  # rank 0 never writes it
+                    time.sleep(0.1)
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(24), tok)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok,
+                      callbacks=[WaitForMain()])
+    trainer.train()
+"""
+
+#: A parameter updated in forward from each rank's own batch: the ranks' copies drift apart.
+DRIFTS = """
+    import torch
+    import tiny
+    from transformers import BertForSequenceClassification, Trainer, TrainingArguments
+
+    class Centred(BertForSequenceClassification):
+        def __init__(self, config):
+            super().__init__(config)
+            self.centre = torch.nn.Parameter(torch.zeros(config.hidden_size), requires_grad=False)
+
+        def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None):
+            outputs = super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                                      token_type_ids=token_type_ids, labels=labels, output_hidden_states=True)
+            with torch.no_grad():  # a running mean of this rank's batches, kept as a parameter
+                self.centre.mul_(0.9).add_(0.1 * outputs.hidden_states[-1][:, 0].mean(0))
+            return outputs
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(24), tok)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+    trainer = Trainer(model=Centred(tiny.config()), args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+"""
+
+#: A callback that saves the config on every rank, not on the main process only.
+WRITES_TWICE = """
+    import tiny
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class Export(TrainerCallback):
+        def on_save(self, args, state, control, model=None, **kwargs):
+            model.config.save_pretrained(f"{args.output_dir}/export")  # on every rank
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(24), tok)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok,
+                      callbacks=[Export()])
+    trainer.train()
+"""
+
+#: A get_train_dataloader of its own that does not shard: every rank trains on the same rows.
+OWN_LOADER = """
+    import tiny
+    from torch.utils.data import DataLoader
+    from transformers import Trainer, TrainingArguments
+
+    class OwnLoader(Trainer):
+        def get_train_dataloader(self):  # no DistributedSampler, not prepared by accelerate
+            return DataLoader(self.train_dataset.remove_columns([]), batch_size=self.args.train_batch_size,
+                              collate_fn=self.data_collator)
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(24), tok)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+    trainer = OwnLoader(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+"""
+
 
 def run_distributed(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(
@@ -233,25 +314,7 @@ def test_a_rank_that_hangs_is_named_and_never_hangs_the_session(project: pytest.
     write(
         project,
         "train.py",
-        """
-        import os
-        import time
-        import tiny
-        from transformers import Trainer, TrainerCallback, TrainingArguments
-
-        class WaitForMain(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if not state.is_world_process_zero and state.global_step == 1:
-                    while not os.path.exists(f"{args.output_dir}/ready"):  # rank 0 never writes it
-                        time.sleep(0.1)
-
-        tok = tiny.tokenizer()
-        data = tiny.tokenized(tiny.text_dataset(24), tok)
-        args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
-        trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok,
-                          callbacks=[WaitForMain()])
-        trainer.train()
-    """,
+        HANGS,
     )
     result = run_distributed(project, "--trainer-timeout=40")
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
@@ -265,29 +328,7 @@ def test_a_value_updated_from_each_ranks_data_drifts_apart(project: pytest.Pytes
     write(
         project,
         "train.py",
-        """
-        import torch
-        import tiny
-        from transformers import BertForSequenceClassification, Trainer, TrainingArguments
-
-        class Centred(BertForSequenceClassification):
-            def __init__(self, config):
-                super().__init__(config)
-                self.centre = torch.nn.Parameter(torch.zeros(config.hidden_size), requires_grad=False)
-
-            def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None):
-                outputs = super().forward(input_ids=input_ids, attention_mask=attention_mask,
-                                          token_type_ids=token_type_ids, labels=labels, output_hidden_states=True)
-                with torch.no_grad():  # a running mean of this rank's batches, kept as a parameter
-                    self.centre.mul_(0.9).add_(0.1 * outputs.hidden_states[-1][:, 0].mean(0))
-                return outputs
-
-        tok = tiny.tokenizer()
-        data = tiny.tokenized(tiny.text_dataset(24), tok)
-        args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
-        trainer = Trainer(model=Centred(tiny.config()), args=args, train_dataset=data, processing_class=tok)
-        trainer.train()
-    """,
+        DRIFTS,
     )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
@@ -301,21 +342,7 @@ def test_a_file_written_by_every_rank_is_named(project: pytest.Pytester) -> None
     write(
         project,
         "train.py",
-        """
-        import tiny
-        from transformers import Trainer, TrainerCallback, TrainingArguments
-
-        class Export(TrainerCallback):
-            def on_save(self, args, state, control, model=None, **kwargs):
-                model.config.save_pretrained(f"{args.output_dir}/export")  # on every rank
-
-        tok = tiny.tokenizer()
-        data = tiny.tokenized(tiny.text_dataset(24), tok)
-        args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
-        trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok,
-                          callbacks=[Export()])
-        trainer.train()
-    """,
+        WRITES_TWICE,
     )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}
@@ -328,22 +355,7 @@ def test_a_dataloader_of_its_own_that_does_not_shard_trains_every_rank_on_the_sa
     write(
         project,
         "train.py",
-        """
-        import tiny
-        from torch.utils.data import DataLoader
-        from transformers import Trainer, TrainingArguments
-
-        class OwnLoader(Trainer):
-            def get_train_dataloader(self):  # no DistributedSampler, not prepared by accelerate
-                return DataLoader(self.train_dataset.remove_columns([]), batch_size=self.args.train_batch_size,
-                                  collate_fn=self.data_collator)
-
-        tok = tiny.tokenizer()
-        data = tiny.tokenized(tiny.text_dataset(24), tok)
-        args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
-        trainer = OwnLoader(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
-        trainer.train()
-    """,
+        OWN_LOADER,
     )
     result = run_distributed(project)
     assert outcomes(result) == {"distributed[cpu]": "FAILED"}

@@ -32,6 +32,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DATA = HERE / "data"
+# The end-to-end tests' scripts and their conftest's tiny models, as the two-process tests run them.
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from test_distributed import DRIFTS, GOOD, HANGS, OWN_LOADER, WRITES_TWICE  # noqa: E402
+
 GRPO = ROOT / "conftest_examples" / "grpo"
 
 #: test_a_rank_that_dies_is_reported: rank 1 killed (SIGKILL, as the out-of-memory killer does) at its first batch.
@@ -78,86 +83,6 @@ UNSEEDED = """
     trainer.train()
 """
 
-#: test_a_rank_that_hangs_is_named_and_never_hangs_the_session: rank 1 waits in a callback for a file never written.
-HANGS = """
-    import os
-    import time
-    import tiny
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-
-    class WaitForMain(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if not state.is_world_process_zero and state.global_step == 1:
-                while not os.path.exists(f"{args.output_dir}/ready"):  # rank 0 never writes it
-                    time.sleep(0.1)
-
-    tok = tiny.tokenizer()
-    data = tiny.tokenized(tiny.text_dataset(24), tok)
-    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
-    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok,
-                      callbacks=[WaitForMain()])
-    trainer.train()
-"""
-
-#: test_a_value_updated_from_each_ranks_data_drifts_apart: a parameter updated in forward from each rank's batch.
-DRIFTS = """
-    import torch
-    import tiny
-    from transformers import BertForSequenceClassification, Trainer, TrainingArguments
-
-    class Centred(BertForSequenceClassification):
-        def __init__(self, config):
-            super().__init__(config)
-            self.centre = torch.nn.Parameter(torch.zeros(config.hidden_size), requires_grad=False)
-
-        def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None):
-            outputs = super().forward(input_ids=input_ids, attention_mask=attention_mask,
-                                      token_type_ids=token_type_ids, labels=labels, output_hidden_states=True)
-            with torch.no_grad():  # a running mean of this rank's batches, kept as a parameter
-                self.centre.mul_(0.9).add_(0.1 * outputs.hidden_states[-1][:, 0].mean(0))
-            return outputs
-
-    tok = tiny.tokenizer()
-    data = tiny.tokenized(tiny.text_dataset(24), tok)
-    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
-    trainer = Trainer(model=Centred(tiny.config()), args=args, train_dataset=data, processing_class=tok)
-    trainer.train()
-"""
-
-#: test_a_file_written_by_every_rank_is_named: a callback saves the config on every rank.
-WRITES_TWICE = """
-    import tiny
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-
-    class Export(TrainerCallback):
-        def on_save(self, args, state, control, model=None, **kwargs):
-            model.config.save_pretrained(f"{args.output_dir}/export")  # on every rank
-
-    tok = tiny.tokenizer()
-    data = tiny.tokenized(tiny.text_dataset(24), tok)
-    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
-    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok,
-                      callbacks=[Export()])
-    trainer.train()
-"""
-
-#: test_a_dataloader_of_its_own_that_does_not_shard_trains_every_rank_on_the_same_rows.
-OWN_LOADER = """
-    import tiny
-    from torch.utils.data import DataLoader
-    from transformers import Trainer, TrainingArguments
-
-    class OwnLoader(Trainer):
-        def get_train_dataloader(self):  # no DistributedSampler, not prepared by accelerate
-            return DataLoader(self.train_dataset.remove_columns([]), batch_size=self.args.train_batch_size,
-                              collate_fn=self.data_collator)
-
-    tok = tiny.tokenizer()
-    data = tiny.tokenized(tiny.text_dataset(24), tok)
-    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
-    trainer = OwnLoader(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
-    trainer.train()
-"""
 
 #: test_fsdp_asked_for_says_what_ran_and_round_trips_the_state_dict: a tied Llama whose script asks for FSDP; on the
 #: CPU the Trainer trains with DDP and each rank round-trips the state dict through fully_shard.
@@ -179,8 +104,8 @@ FSDP = """
 """
 
 #: name: (script, seconds the job may take, the layers to shard with fully_shard or None)
-JOBS: dict[str, tuple[str | None, float, list[str] | None]] = {
-    "rank_good": (None, 300, None),  # None: the correct classifier, GOOD of tests/e2e/test_distributed.py
+JOBS: dict[str, tuple[str, float, list[str] | None]] = {
+    "rank_good": (GOOD, 300, None),
     "rank_killed": (KILLED.replace("        SLOW_PEER\n", ""), 300, None),
     "rank_killed_slow_peer": (
         KILLED.replace(
@@ -205,12 +130,10 @@ RECORD_KEYS = ("rank", "progress", "data", "rows", "weights", "written", "engine
 
 def record_job(name: str) -> None:
     from conftest import TINY
-    from test_distributed import GOOD
 
     from pytest_trainer.distributed import processes
 
     source, timeout, layers = JOBS[name]
-    source = source or GOOD
     with tempfile.TemporaryDirectory(prefix="record-") as folder:
         project = Path(folder)
         (project / "tiny.py").write_text(textwrap.dedent(TINY))
@@ -398,7 +321,6 @@ def _write(name: str, found: dict[str, Any]) -> None:
 
 
 def main(names: list[str]) -> None:
-    sys.path.insert(0, str(ROOT / "tests" / "e2e"))  # conftest's TINY, the tiny models the scripts import
     DATA.mkdir(exist_ok=True)
     for name in names or [*JOBS, *GRPO_RUNS]:
         if name in JOBS:

@@ -188,7 +188,7 @@ def test_a_hung_rank_is_named_where_it_waits_in_the_users_code() -> None:
 def test_the_users_frames_are_told_from_the_libraries() -> None:
     """rank_hangs' stacks: rank 1's innermost frames include the script; rank 0's are all libraries'."""
     stacks = {int(rank): stack for rank, stack in recorded("rank_hangs")["stacks"].items()}
-    mine = {rank: [frame for frame in judges._frames(stack) if judges._users(frame)] for rank, stack in stacks.items()}
+    mine = {rank: judges.users_frames(stack) for rank, stack in stacks.items()}
     assert mine[1] and all("train.py" in frame for frame in mine[1])
     assert mine[0] == []
     assert judges._frames(stacks[0]), "rank 0's stack was recorded"
