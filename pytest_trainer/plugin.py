@@ -241,6 +241,7 @@ def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_
     if reason:
         request.node.stash[_NOT_RUN] = {"blocked": True}
         pytest.skip(reason)
+    session.import_libraries()
     return TrainerStage(
         lambda: _pipeline(request),
         _trainer_step.stage,

@@ -14,12 +14,12 @@ example decides, and finds nothing.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
+
+from pytest_trainer import heap
 
 
 def search(
@@ -47,7 +47,7 @@ def search(
         handle[0](example)
 
     prop.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
-    with _old_objects_frozen():
+    with heap.frozen():  # hypothesis collects garbage once per thread: not over what torch and the script made
         if check_all is not None:
             seed(random.SystemRandom().getrandbits(64))(prop)  # both passes draw the same examples; random untouched
             drawn: list[Any] = []
@@ -58,20 +58,3 @@ def search(
             handle[0] = check  # the search example by example tells what fails, and why
         prop()
 
-
-@contextmanager
-def _old_objects_frozen() -> Iterator[None]:
-    """Leave the objects alive now out of garbage collection while hypothesis runs, and put them back after.
-
-    Hypothesis collects garbage the first time it runs in a thread (to check that its own Random is referenced): a
-    full collection over every object torch, transformers and the script made, a third of a second. Frozen, those
-    objects are skipped; the garbage made while it runs is still collected. Objects someone else froze stay frozen.
-    """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_trainer import heap
 from pytest_trainer.diagnosis import ScriptError
 from pytest_trainer.plan import blocked_by
 from pytest_trainer.script_runner import Sandbox, load_trainer, script_modules
@@ -31,6 +32,9 @@ def session_of(config: pytest.Config) -> TrainerSession:
 
 def start_session(config: pytest.Config, settings: Settings) -> TrainerSession:
     session = config.stash[_SESSION] = TrainerSession(settings, config.rootpath)
+    # Called before pytest's own plugins configure, so this cleanup runs after theirs: pytest's last garbage
+    # collections (unraisable exceptions) still skip the frozen objects.
+    config.add_cleanup(session.heap.thaw)
     return session
 
 
@@ -51,6 +55,16 @@ class TrainerSession:
         self._modules: set[str] = set()
         #: What the scripts wrote into the user's tree before train(), put back when the session ends.
         self._written: list[UserFolders] = []
+        #: The libraries and the Trainers under test live as long as the session: out of the garbage collector's way.
+        self.heap = heap.Freezer()
+        self._imported = False
+
+    def import_libraries(self) -> None:
+        """Import torch and transformers, which every stage needs, before the first one runs (once, the collector off:
+        see `heap`)."""
+        if not self._imported:
+            self.heap.import_quietly("transformers.trainer")
+            self._imported = True
 
     def script_pipeline(self, script: Path, factory: str | None) -> Pipeline:
         """The pipeline of a script, which runs once per process however many items use it."""
@@ -105,6 +119,7 @@ class TrainerSession:
     def _pipeline(self, trainer: Any, name: str) -> Pipeline:
         from pytest_trainer.pipeline import Pipeline
 
+        self.heap.freeze()  # the Trainer and what its script made stay alive until the session ends
         return Pipeline(trainer, name, self.settings)
 
     def blocker(self, key: str, device: str, stage: str) -> str | None:

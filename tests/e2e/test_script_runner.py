@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import textwrap
 import time
@@ -185,6 +186,35 @@ def test_process_state_is_restored_after_the_script(project: pytest.Pytester) ->
     """)
     result = run_script(project)
     assert failures(result) == []
+
+
+@pytest.mark.parametrize("frozen_before", [False, True], ids=["collector-free", "frozen-by-the-process"])
+def test_a_run_leaves_the_garbage_collector_as_it_found_it(project: pytest.Pytester, frozen_before: bool) -> None:
+    """The session keeps the libraries and the Trainer out of the collector while it runs (`heap`); a run inside a
+    process that goes on must leave them collectable, and leave a freeze the process made itself as it was."""
+    write(project, "train.py", GOOD_SCRIPT)
+    project.makeconftest("""
+        import gc
+        import pytest
+
+        @pytest.fixture(autouse=True)
+        def frozen_while_it_runs(request):
+            yield
+            if "load[" in request.node.name:
+                assert gc.get_freeze_count() > 0
+    """)
+    gc.unfreeze()
+    if frozen_before:
+        gc.freeze()
+    try:
+        result = run_script(project, "--trainer-stages=load,forward")
+        frozen_after = gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert failures(result) == []
+    assert outcomes(result, load=True) == {"load[cpu]": "PASSED", "forward[cpu]": "PASSED"}
+    assert frozen_after == frozen_before
+    assert gc.isenabled()
 
 
 @pytest.mark.parametrize(

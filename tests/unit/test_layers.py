@@ -76,6 +76,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.metric_settings",
         "pytest_trainer.renames",
         "pytest_trainer.explanations.registry",
+        "pytest_trainer.heap",
     ),  # facts
 )
 #: What each layer holds, for the layer table of CONTRIBUTING.md (docs/generate.py).
@@ -92,7 +93,7 @@ ROLES: tuple[str, ...] = (
     "running a script up to trainer.train(), and the explanation rows of the errors it raises",
     "what a task's labels and inputs are",
     "facts: the model, tables, devices, settings, the error base, whose code a frame runs, the user's files, "
-    "metric settings, renames, what an explanation row is",
+    "metric settings, renames, what an explanation row is, the objects kept out of the garbage collector's way",
 )
 
 
