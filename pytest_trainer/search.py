@@ -57,4 +57,3 @@ def search(
                 return
             handle[0] = check  # the search example by example tells what fails, and why
         prop()
-
