@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_trainer import heap
@@ -28,14 +28,18 @@ def search(
     key: str,
     examples: int,
     check_all: Callable[[list[Any]], bool] | None = None,
+    explicit: Sequence[Any] = (),
 ) -> None:
-    """Try `check` on examples of `strategy`; on failure, raise its exception for the smallest example found."""
-    from hypothesis import HealthCheck, given, seed, settings
+    """Try `check` on examples of `strategy`; on failure, raise its exception for the smallest example found.
+
+    `explicit` examples are tried first, whatever is drawn, and count among the `examples`.
+    """
+    from hypothesis import HealthCheck, example, given, seed, settings
 
     handle: list[Callable[[Any], Any]] = [check]
 
     @settings(
-        max_examples=examples,
+        max_examples=max(1, examples - len(explicit)),
         deadline=None,
         derandomize=bool(os.environ.get("CI")),
         suppress_health_check=list(HealthCheck),
@@ -46,6 +50,8 @@ def search(
     def prop(example: Any) -> None:
         handle[0](example)
 
+    for value in explicit:
+        prop = example(value)(prop)
     prop.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
     with heap.frozen():  # hypothesis collects garbage once per thread: not over what torch and the script made
         if check_all is not None:

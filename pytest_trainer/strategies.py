@@ -84,15 +84,41 @@ def rows(trainer: Trainer | Pipeline) -> st.SearchStrategy[int]:
     """Indices of training rows, any of them, with the longest always within reach."""
     pipeline = _pipeline(trainer)
     count = pipeline.training.table.num_rows
-    longest = [int(index) for index in np.argsort(-_row_lengths(pipeline), kind="stable")[:LONGEST_ROWS]]
-    return st.one_of(st.sampled_from(longest), st.integers(0, count - 1)) if count else st.nothing()
+    return st.one_of(st.sampled_from(longest_rows(pipeline)), st.integers(0, count - 1)) if count else st.nothing()
 
 
 def lengths(trainer: Trainer | Pipeline) -> st.SearchStrategy[int]:
-    """Sequence lengths from 1 to the model's position limit (or twice the longest row without one)."""
+    """Sequence lengths from 1 to the model's position limit (or twice the longest row without one).
+
+    Any length up to the split's longest row; past it, where only repeated rows reach, far fewer and far between: the
+    lengths doubling from the longest row, and the limit itself. They come last in the order hypothesis shrinks by.
+    """
     pipeline = _pipeline(trainer)
-    limit = model_facts.position_limit(pipeline.model) or 2 * max(int(_row_lengths(pipeline).max(initial=1)), 1)
-    return st.integers(1, limit)
+    limit = length_limit(pipeline)
+    near = min(longest_row(pipeline), limit)
+    far = far_lengths(near, limit)
+    return st.integers(1, near + len(far)).map(lambda drawn: drawn if drawn <= near else far[drawn - near - 1])
+
+
+def length_limit(trainer: Trainer | Pipeline) -> int:
+    """The longest sequence to try: the model's position limit, or twice the split's longest row without one."""
+    pipeline = _pipeline(trainer)
+    return model_facts.position_limit(pipeline.model) or 2 * longest_row(pipeline)
+
+
+def longest_row(trainer: Trainer | Pipeline) -> int:
+    """The token length of the split's longest row (at least 1)."""
+    return max(int(_row_lengths(_pipeline(trainer)).max(initial=1)), 1)
+
+
+def far_lengths(longest: int, limit: int) -> list[int]:
+    """Lengths past the longest row up to `limit`: doubling from it, and `limit` itself."""
+    found = []
+    length = 2 * longest
+    while length < limit:
+        found.append(length)
+        length *= 2
+    return [*found, limit] if limit > longest else []
 
 
 @st.composite
@@ -100,9 +126,19 @@ def batches(draw: st.DrawFn, trainer: Trainer | Pipeline, max_rows: int = 2) -> 
     """A few real rows, all cut or repeated to one drawn length (so no padding is needed)."""
     pipeline = _pipeline(trainer)
     indices = draw(st.lists(rows(pipeline), min_size=1, max_size=max_rows))
-    length = draw(lengths(pipeline))
+    return resized_batch(pipeline, indices, draw(lengths(pipeline)))
+
+
+def resized_batch(trainer: Trainer | Pipeline, indices: list[int], length: int) -> ResizedBatch:
+    """The rows at `indices`, every one cut or repeated to `length` tokens."""
+    pipeline = _pipeline(trainer)
     chosen = pipeline.batches.rows(indices)
     return ResizedBatch(tuple(indices), length, tuple(resize(row, length, pipeline) for row in chosen))
+
+
+def longest_rows(trainer: Trainer | Pipeline, count: int = LONGEST_ROWS) -> list[int]:
+    """Indices of the split's `count` longest rows, longest first."""
+    return [int(index) for index in np.argsort(-_row_lengths(_pipeline(trainer)), kind="stable")[:count]]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """`lengths` (property): real rows at every length the model can take go through collator and forward.
 
 A row is drawn from the whole split (the longest always in reach) and cut or repeated to a drawn
-length from 1 to the model's position limit, then batched by the Trainer's own collator. Lengths are
+length from 1 to the model's position limit, then batched by the Trainer's own collator. Past the split's longest
+row, where only repeated rows reach, lengths are drawn far fewer and far between; the longest row at the limit itself
+is always tried first. Lengths are
 not batched together: padding a short row to a long one would hide what fails at its own length. Also
 checks that the tokenizer's truncation length fits the model's positions, since a long example
 past them crashes training wherever it sits in the data.
@@ -57,11 +59,13 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 [f"shortest failing row as text: {text!r}"] if text else [],
             ) from error
 
+    longest = strategies.longest_rows(pipeline, 1)
     search(
         strategies.batches(pipeline, max_rows=1),
         fits,
         f"{pipeline.name}::lengths[{device}]",
         pipeline.settings.examples,
+        explicit=[strategies.resized_batch(pipeline, longest, strategies.length_limit(pipeline))] if longest else [],
     )
     limit = model_facts.position_limit(pipeline.model)
     notes = [risk] if risk else []
