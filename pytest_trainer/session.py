@@ -63,8 +63,11 @@ class TrainerSession:
         """Import torch and transformers, which every stage needs, before the first one runs (once, the collector off:
         see `heap`)."""
         if not self._imported:
-            self.heap.import_quietly("transformers.trainer")
             self._imported = True
+            try:
+                self.heap.import_quietly("transformers.trainer")
+            except Exception:  # a broken install: the load item imports it again and says so, as a failure of its own
+                return
 
     def script_pipeline(self, script: Path, factory: str | None) -> Pipeline:
         """The pipeline of a script, which runs once per process however many items use it."""
