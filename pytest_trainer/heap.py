@@ -45,13 +45,21 @@ class Freezer:
         finally:
             if enabled:
                 gc.enable()
-        self.freeze()
+        self._freeze()
 
     def freeze(self) -> None:
-        """Leave every object alive now out of later collections (the libraries, the script, its Trainer)."""
+        """Leave every object alive now out of later collections (the libraries, the script, its Trainer).
+
+        The garbage made since the last freeze is collected first, so that none of it is frozen alive (a failed
+        script's traceback, the tensors of an earlier script's stages): a collection that walks only the objects made
+        since then.
+        """
+        if self.owned:
+            gc.collect()
+            self._freeze()
+
+    def _freeze(self) -> None:
         global _exit_registered
-        if not self.owned:
-            return
         gc.freeze()
         self.froze = True
         if not _exit_registered:

@@ -32,8 +32,27 @@ def search(
 ) -> None:
     """Try `check` on examples of `strategy`; on failure, raise its exception for the smallest example found.
 
-    `explicit` examples are tried first, whatever is drawn, and count among the `examples`.
+    `explicit` examples are tried first, whatever is drawn, and count among the `examples` (of which at least one is
+    drawn). One that fails is not shrunk: the drawn examples are then searched alone, and the smallest of them that
+    fails is raised instead, if one does.
     """
+    try:
+        _search(strategy, check, key, examples, check_all, explicit)
+    except Exception:
+        if not explicit:
+            raise
+        _search(strategy, check, key, examples, check_all, ())
+        raise
+
+
+def _search(
+    strategy: Any,
+    check: Callable[[Any], None],
+    key: str,
+    examples: int,
+    check_all: Callable[[list[Any]], bool] | None,
+    explicit: Sequence[Any],
+) -> None:
     from hypothesis import HealthCheck, example, given, seed, settings
 
     handle: list[Callable[[Any], Any]] = [check]
@@ -47,8 +66,8 @@ def search(
         report_multiple_bugs=False,
     )
     @given(strategy)
-    def prop(example: Any) -> None:
-        handle[0](example)
+    def prop(item: Any) -> None:
+        handle[0](item)
 
     for value in explicit:
         prop = example(value)(prop)

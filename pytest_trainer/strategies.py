@@ -90,8 +90,9 @@ def rows(trainer: Trainer | Pipeline) -> st.SearchStrategy[int]:
 def lengths(trainer: Trainer | Pipeline) -> st.SearchStrategy[int]:
     """Sequence lengths from 1 to the model's position limit (or twice the longest row without one).
 
-    Any length up to the split's longest row; past it, where only repeated rows reach, far fewer and far between: the
-    lengths doubling from the longest row, and the limit itself. They come last in the order hypothesis shrinks by.
+    Any length up to the longest row read (of the rows --trainer-sample keeps); past it, where only repeated rows reach,
+    far fewer and far between: the lengths doubling from the longest row, and the limit itself. They come last in the
+    order hypothesis shrinks by, so a failure past the longest row is reported at the first of them that fails.
     """
     pipeline = _pipeline(trainer)
     limit = length_limit(pipeline)
@@ -107,7 +108,7 @@ def length_limit(trainer: Trainer | Pipeline) -> int:
 
 
 def longest_row(trainer: Trainer | Pipeline) -> int:
-    """The token length of the split's longest row (at least 1)."""
+    """The token length of the longest row read (at least 1)."""
     return max(int(_row_lengths(_pipeline(trainer)).max(initial=1)), 1)
 
 

@@ -1,12 +1,11 @@
-"""`lengths` (property): real rows at every length the model can take go through collator and forward.
+"""`lengths` (property): real rows at lengths up to the model's limit go through collator and forward.
 
-A row is drawn from the whole split (the longest always in reach) and cut or repeated to a drawn
-length from 1 to the model's position limit, then batched by the Trainer's own collator. Past the split's longest
-row, where only repeated rows reach, lengths are drawn far fewer and far between; the longest row at the limit itself
-is always tried first. Lengths are
-not batched together: padding a short row to a long one would hide what fails at its own length. Also
-checks that the tokenizer's truncation length fits the model's positions, since a long example
-past them crashes training wherever it sits in the data.
+A row is drawn from the whole split (the longest always in reach) and cut or repeated to a drawn length from 1 to
+the model's position limit, then batched by the Trainer's own collator. Past the longest row read, where only
+repeated rows reach, lengths are drawn far fewer and far between; the longest row at the limit itself is always tried
+first (its failure is reported as is only when no drawn example fails). Lengths are not batched together: padding a
+short row to a long one would hide what fails at its own length. Also checks that the tokenizer's truncation length
+fits the model's positions, since a long example past them crashes training wherever it sits in the data.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -69,3 +70,19 @@ def test_a_block_runs_with_the_objects_alive_frozen_and_puts_them_back() -> None
     with heap.frozen():
         pass
     assert gc.get_freeze_count() == before
+
+
+def test_garbage_made_before_a_freeze_is_collected_not_frozen_alive() -> None:
+    class Node:
+        pass
+
+    freezer = heap.Freezer()
+    node = Node()
+    node.self = node  # type: ignore[attr-defined]  # a cycle: only the collector frees it
+    dead = weakref.ref(node)
+    del node
+    freezer.freeze()
+    try:
+        assert dead() is None
+    finally:
+        freezer.thaw()
