@@ -221,11 +221,12 @@ def test_a_transformers_that_does_not_import_fails_the_load_item(
     project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The libraries are imported before the first item runs (`heap`); an install where that import breaks (a
-    torchvision built for another torch) still fails the load item with the error, not every item at its setup."""
+    package transformers needs, built for another Python) still fails the load item with the error, not every item at
+    its setup."""
     write(project, "train.py", GOOD_SCRIPT)
-    broken = project.mkdir("broken_install") / "torchvision"
+    broken = project.mkdir("broken_install") / "safetensors"
     broken.mkdir()
-    (broken / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    (broken / "__init__.py").write_text("raise RuntimeError('safetensors built for another Python')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(broken.parent), os.environ.get("PYTHONPATH", "")]))
     result = project.runpytest_subprocess("--trainer-module=train.py", "--trainer-devices=cpu", "-v")
     assert outcomes(result, load=True)["load[cpu]"] == "FAILED"
