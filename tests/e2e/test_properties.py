@@ -76,42 +76,34 @@ def test_tokenizer_that_does_not_truncate_to_the_positions_fails_lengths(project
     )
 
 
-def test_collator_that_breaks_past_the_data_fails_lengths_at_the_position_limit(project: pytest.Pytester) -> None:
-    """Past the split's longest row lengths are drawn far between, but the limit itself is always tried."""
+def write_with_collator(project: pytest.Pytester, reads_batch: str) -> None:
+    """The good script, its rows batched by a DataCollatorWithPadding that then runs `reads_batch` on the batch."""
     write(
         project,
         "train.py",
         textwrap.dedent(GOOD_SCRIPT).replace(
             "trainer = Trainer(",
             "from transformers import DataCollatorWithPadding\n"
-            "class FixedBuffer(DataCollatorWithPadding):\n"
+            "class Reading(DataCollatorWithPadding):\n"
             "    def __call__(self, features):\n"
             "        batch = super().__call__(features)\n"
-            "        assert batch['input_ids'].shape[1] < 64, 'rows longer than the 63-token buffer'\n"
+            f"        {reads_batch}\n"
             "        return batch\n"
-            "trainer = Trainer(data_collator=FixedBuffer(tok), ",
+            "trainer = Trainer(data_collator=Reading(tok), ",
         ),
     )
+
+
+def test_collator_that_breaks_past_the_data_fails_lengths_at_the_position_limit(project: pytest.Pytester) -> None:
+    """Past the longest row read lengths are drawn far between, but the limit itself is always tried."""
+    write_with_collator(project, "assert batch['input_ids'].shape[1] < 64, 'rows longer than the 63-token buffer'")
     result = run_script(project, "--trainer-stages=forward,lengths")
     assert outcomes(result) == {"forward[cpu]": "PASSED", "lengths[cpu]": "FAILED"}
     result.stdout.fnmatch_lines(["lengths[[]cpu[]] failed: row* resized to 64 tokens fail: *63-token buffer*"])
 
 
 def test_collator_that_breaks_on_short_rows_fails_lengths_with_the_shortest(project: pytest.Pytester) -> None:
-    write(
-        project,
-        "train.py",
-        textwrap.dedent(GOOD_SCRIPT).replace(
-            "trainer = Trainer(",
-            "from transformers import DataCollatorWithPadding\n"
-            "class NeedsThreeTokens(DataCollatorWithPadding):\n"
-            "    def __call__(self, features):\n"
-            "        batch = super().__call__(features)\n"
-            "        batch['input_ids'][:, 2]  # reads the third token of every row\n"
-            "        return batch\n"
-            "trainer = Trainer(data_collator=NeedsThreeTokens(tok), ",
-        ),
-    )
+    write_with_collator(project, "batch['input_ids'][:, 2]  # reads the third token of every row")
     result = run_script(project, "--trainer-stages=lengths")
     assert failures(result) == ["lengths[cpu]"]
     result.stdout.fnmatch_lines(
