@@ -102,7 +102,7 @@ def lengths(trainer: Trainer | Pipeline) -> st.SearchStrategy[int]:
 
 
 def length_limit(trainer: Trainer | Pipeline) -> int:
-    """The longest sequence to try: the model's position limit, or twice the split's longest row without one."""
+    """The longest sequence to try: the model's position limit, or twice the longest row read without one."""
     pipeline = _pipeline(trainer)
     return model_facts.position_limit(pipeline.model) or 2 * longest_row(pipeline)
 
@@ -138,7 +138,7 @@ def resized_batch(trainer: Trainer | Pipeline, indices: list[int], length: int) 
 
 
 def longest_rows(trainer: Trainer | Pipeline, count: int = LONGEST_ROWS) -> list[int]:
-    """Indices of the split's `count` longest rows, longest first."""
+    """Indices of the `count` longest rows read, longest first."""
     return [int(index) for index in np.argsort(-_row_lengths(_pipeline(trainer)), kind="stable")[:count]]
 
 
