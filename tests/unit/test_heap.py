@@ -32,12 +32,12 @@ def test_a_session_freezes_what_is_alive_and_thaws_it() -> None:
 
 def test_a_session_leaves_a_freeze_it_did_not_make() -> None:
     gc.freeze()
-    before = gc.get_freeze_count()
     freezer = heap.Freezer()
     freezer.freeze()
     freezer.import_quietly("json")
     freezer.thaw()
-    assert gc.get_freeze_count() == before
+    # Still frozen (a frozen object that dies leaves the count, so it may be a little lower); thawed would be 0.
+    assert gc.get_freeze_count() > 0
 
 
 def test_libraries_are_imported_with_the_collector_off_and_frozen() -> None:
@@ -66,10 +66,9 @@ def test_a_block_runs_with_the_objects_alive_frozen_and_puts_them_back() -> None
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
     gc.freeze()
-    before = gc.get_freeze_count()
     with heap.frozen():
         pass
-    assert gc.get_freeze_count() == before
+    assert gc.get_freeze_count() > 0  # the outer freeze stands
 
 
 def test_garbage_made_before_a_freeze_is_collected_not_frozen_alive() -> None:
