@@ -102,6 +102,19 @@ def readers(args: Any, callbacks: Sequence[Any]) -> list[str]:
     return found
 
 
+def acting(args: Any, callbacks: Sequence[Any]) -> list[str]:
+    """The settings that act during training on what an evaluation returns: the `readers`, or `metric_for_best_model`
+    alone (the best checkpoint is tracked, and kept when older ones are deleted); none where the run never
+    evaluates."""
+    if _value(getattr(args, "eval_strategy", None)) == "no":
+        return []
+    found = readers(args, callbacks)
+    metric = getattr(args, "metric_for_best_model", None)
+    if metric is not None and not found:
+        found.append(f"metric_for_best_model={metric!r}")
+    return found
+
+
 def check(
     args: Any,
     callbacks: Sequence[Any],

@@ -1,15 +1,28 @@
-"""Evaluation rows that are also training rows, token for token as the model is fed them.
+"""Evaluation rows that are training rows: the same input and the same targets, as the model is fed them.
 
-Such rows inflate every metric the run reports, and the best checkpoint and early stopping those metrics drive. A
-split made after augmentation, or from a file with repeated rows, makes them silently. The whole of both splits is
-compared at the cost of hashing them: one 64-bit hash per row of the fed token ids, computed on the flat Arrow
-values at once, then a sorted membership test. A few short rows (a greeting, a one-word answer) repeat in any
-corpus: below `SHARE` of the evaluation rows, or when every repeated row is short, the overlap is a note.
+Such rows let an evaluation score what the model has trained on, and the best checkpoint, early stopping and a plateau
+scheduler act on that score. But every real corpus of short texts repeats some rows across its splits (a greeting, a
+generic review), and the same input under another label is no row the model trained on. The rule, said for users in
+docs/stages.md ("Evaluation rows that are training rows"):
+
+- A row is every column the model is fed, its targets included (the label columns, and the masks that choose the
+  supervised tokens). Where the collator makes the targets from the input (a language model), the input is the row.
+  An evaluation input found in training under other targets only is a conflicting label: a note.
+- The training split given for evaluation, or a selection of it (every evaluation row a training row), is a finding
+  where a setting acts on its metrics and a note the terminal summary shows otherwise: evaluating on training rows to
+  watch the fit is a choice, picking a checkpoint by it is a defect.
+- Otherwise the repeated rows of at least `SHORT` tokens count. From `MADE` of the evaluation rows, no natural repeat
+  explains them: the split was made from training rows (oversampled, augmented or copied before it was split), a
+  finding. From `SWAY`, where a setting acts on the metrics, a finding too. Below, a note with the numbers.
+
+Both splits are compared whole, at the cost of hashing them: one 64-bit hash per row and column, computed on the flat
+Arrow values at once, then a sorted membership test, and the rows found compared value for value.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,22 +33,38 @@ from pytest_trainer import diagnosis, tables
 if TYPE_CHECKING:
     from pytest_trainer.fed_data import FedSplit
 
-#: Rows of fewer fed tokens than this repeat naturally (special tokens included).
+#: Rows of fewer fed tokens than this (special tokens included) are generic: they repeat in any corpus.
 SHORT = 8
-#: The share of an evaluation split's rows, repeated from training and not short, from which the overlap fails.
-SHARE = 0.01
+#: The share of an evaluation split's rows, repeated from training and not short, from which the split was made from
+#: training rows. The highest natural rates measured between the splits of real corpora stay well below it (see
+#: docs/stages.md).
+MADE = 0.3
+#: The share from which the repeated rows sway the metric that a setting acts on (the best checkpoint, early stopping).
+SWAY = 0.1
+#: Fewer repeated rows than this are a note, whatever their share of a small split.
+FEW = 3
+#: The share of an evaluation split's rows with a training row's input under other targets from which the terminal
+#: summary shows them.
+CONFLICTING = 0.1
 #: Examples named in a finding or a note.
 SHOWN = 3
+#: Fed columns beside the labels that say which tokens are supervised (TRL's completion-only and assistant-only loss).
+SUPERVISION = ("completion_mask", "assistant_masks")
+#: The start of a note that the terminal summary shows (`report.summary.changed_notes`).
+SUMMARY = "evaluation:"
 
 _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclass(frozen=True)
 class Rows:
-    """The token ids of every row of a split as fed: the flat values and where each row starts and ends."""
+    """The values of one column of every row of a split: the flat values and where each row starts and ends (a
+    column of one value per row has rows of length 1)."""
 
     values: np.ndarray
     offsets: np.ndarray
+    #: Whether each row holds a list (token ids, per-token labels), not one value (a class id, a score).
+    listed: bool = True
 
     @property
     def lengths(self) -> np.ndarray:
@@ -46,7 +75,7 @@ class Rows:
 
     @functools.cached_property
     def hashes(self) -> np.ndarray:
-        """One uint64 per row, from its ids and their positions (equal rows, equal hashes); empty rows hash to 0."""
+        """One uint64 per row, from its values and their positions (equal rows, equal hashes); empty rows hash to 0."""
         lengths = self.lengths
         if not self.values.size:
             return np.zeros(len(lengths), dtype=np.uint64)
@@ -70,98 +99,326 @@ def _finalise(values: np.ndarray) -> np.ndarray:
     return values ^ (values >> np.uint64(31))
 
 
-def fed_rows(split: FedSplit, column: str) -> Rows | None:
-    """Every row's token ids of `column` as fed, read as stored over the whole split; None where they are computed (a
-    transform, a torch Dataset) or are no flat list of integers."""
-    import datasets
-    import pyarrow as pa
+def _combined(columns: Sequence[Rows]) -> np.ndarray:
+    """One uint64 per row from the hashes of several columns, in their order."""
+    hashed = np.zeros(len(columns[0].lengths), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for index, column in enumerate(columns, start=1):
+            hashed = _finalise(hashed ^ (column.hashes + np.uint64(index) * _MULTIPLIER))
+    return hashed
 
-    dataset = split.dataset
-    if split.transformed or not isinstance(dataset, datasets.Dataset) or column not in dataset.column_names:
-        return None
-    array = tables.stored_rows(dataset, None, [column]).column(column).combine_chunks()
-    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) or not pa.types.is_integer(
-        array.type.value_type
-    ):
-        return None
-    offsets = array.offsets.to_numpy()
-    values = array.flatten().to_numpy(zero_copy_only=False)
-    return Rows(values.astype(np.int64, copy=False), (offsets - offsets[0]).astype(np.int64))
+
+@dataclass(frozen=True)
+class Fed:
+    """A split's rows as the model is fed them: the token sequence first, the other inputs, then the targets."""
+
+    inputs: dict[str, Rows]
+    targets: dict[str, Rows]
+
+    @property
+    def sequence(self) -> Rows:
+        return next(iter(self.inputs.values()))
+
+    @property
+    def columns(self) -> dict[str, Rows]:
+        return {**self.inputs, **self.targets}
+
+    @functools.cached_property
+    def input_keys(self) -> np.ndarray:
+        return _combined(list(self.inputs.values()))
+
+    @functools.cached_property
+    def row_keys(self) -> np.ndarray:
+        return _combined([*self.inputs.values(), *self.targets.values()]) if self.targets else self.input_keys
+
+    def same(self, columns: dict[str, Rows], other: dict[str, Rows], row: int, source: int) -> bool:
+        """Whether `row` of these `columns` holds the values of `source` of the `other` split's."""
+        return all(np.array_equal(column.row(row), other[name].row(source)) for name, column in columns.items())
+
+
+def rows_of(values: Sequence[Sequence[float]] | Sequence[float]) -> Rows:
+    """A column from Python values: one number per row, or a list of numbers per row."""
+    lists = [list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] for value in values]
+    flat = np.array([number for value in lists for number in value], dtype=np.float64)
+    offsets = np.concatenate([[0], np.cumsum([len(value) for value in lists])]).astype(np.int64)
+    return Rows(
+        _as_integers(flat), offsets, listed=any(isinstance(value, (list, tuple, np.ndarray)) for value in values)
+    )
+
+
+def _as_integers(values: np.ndarray) -> np.ndarray:
+    """Integer values as int64, and any other number as the bits of its float64 (0.5 and 0.50 alike)."""
+    if np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_:
+        return values.astype(np.int64, copy=False)
+    as_float = values.astype(np.float64)
+    whole = np.isfinite(as_float) & (as_float == np.round(as_float)) & (np.abs(as_float) < 2**53)
+    return np.where(whole, as_float.astype(np.int64), as_float.view(np.int64))
 
 
 @dataclass(frozen=True)
 class Overlap:
-    """Evaluation rows found in training: (evaluation row, training row) pairs, and the evaluation split's size."""
+    """Evaluation rows found in training, as (evaluation row, training row) pairs: `leaked`, the whole row;
+    `conflicting`, the inputs only, under other targets. `rows` counts the evaluation rows that are not empty."""
 
-    pairs: list[tuple[int, int]]
+    leaked: list[tuple[int, int]]
+    conflicting: list[tuple[int, int]]
     rows: int
     short: int
 
     @property
     def long(self) -> int:
-        return len(self.pairs) - self.short
+        return len(self.leaked) - self.short
 
 
-def between(training: Rows, evaluation: Rows) -> Overlap:
-    """The evaluation rows (not empty) whose ids equal a training row's."""
-    known = training.hashes
-    if not known.size:
-        return Overlap([], len(evaluation.lengths), 0)
+def _matches(known: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each wanted hash, whether a known one equals it, and the index of such a known row."""
     order = np.argsort(known, kind="stable")
     ordered = known[order]
-    hashed = evaluation.hashes
-    at = np.searchsorted(ordered, hashed).clip(max=len(ordered) - 1)
-    candidates = np.flatnonzero((evaluation.lengths > 0) & (ordered[at] == hashed))
-    pairs = [
-        (int(row), int(order[at[row]]))
-        for row in candidates
-        if np.array_equal(evaluation.row(int(row)), training.row(int(order[at[row]])))
+    at = np.searchsorted(ordered, wanted).clip(max=len(ordered) - 1)
+    return ordered[at] == wanted, order[at]
+
+
+def between(training: Fed, evaluation: Fed) -> Overlap:
+    """The evaluation rows (not empty) whose inputs are a training row's, with its targets or under others."""
+    present = evaluation.sequence.lengths > 0
+    if not len(training.sequence.lengths):
+        return Overlap([], [], int(present.sum()), 0)
+    whole, whole_source = _matches(training.row_keys, evaluation.row_keys)
+    inputs, inputs_source = _matches(training.input_keys, evaluation.input_keys)
+    leaked = [
+        (int(row), int(whole_source[row]))
+        for row in np.flatnonzero(present & whole)
+        if evaluation.same(evaluation.columns, training.columns, int(row), int(whole_source[row]))
     ]
-    short = sum(1 for row, _ in pairs if evaluation.lengths[row] < SHORT)
-    return Overlap(pairs, len(evaluation.lengths), short)
+    conflicting = [
+        (int(row), int(inputs_source[row]))
+        for row in np.flatnonzero(present & inputs & ~whole)
+        if evaluation.same(evaluation.inputs, training.inputs, int(row), int(inputs_source[row]))
+    ]
+    short = sum(1 for row, _ in leaked if evaluation.sequence.lengths[row] < SHORT)
+    return Overlap(leaked, conflicting, int(present.sum()), short)
 
 
-def check(training: FedSplit, train_rows: Rows | None, split: FedSplit, column: str, decode: Any = None) -> str | None:
-    """A finding where many rows of the evaluation `split` are training rows; a note for a few, or for the
-    training split itself given as the evaluation split; None where there is none or the rows are computed.
-    `train_rows` are the training split's (`fed_rows`), read and hashed once for every evaluation split."""
-    same = (
-        f"the {split.description} dataset is the training dataset: its metrics measure how well the model fits "
-        "its training rows, not how it does on rows it has not seen"
-    )
-    if split.given is training.given:
-        return same
-    eval_rows = fed_rows(split, column)
-    if train_rows is None or eval_rows is None:
+# ---- reading the splits --------------------------------------------------------------------------------------------
+
+
+def fed(split: FedSplit, sequence: str, columns: Sequence[str], targets: Sequence[str]) -> Fed | None:
+    """Every row of `split` as fed, over the whole split: the token `sequence`, the other model inputs among
+    `columns` and the `targets`, read as stored. None where the rows are computed (a transform, a torch Dataset), or
+    a column holds what is no number nor a flat list of numbers (an image, a nested list)."""
+    import datasets
+
+    dataset = split.dataset
+    if split.transformed or not isinstance(dataset, datasets.Dataset) or sequence not in dataset.column_names:
         return None
-    found = between(train_rows, eval_rows)
-    if not found.pairs:
+    present = dataset.column_names
+    wanted_targets = [name for name in dict.fromkeys(targets) if name in present and name != sequence]
+    wanted_inputs = [sequence, *(name for name in columns if name in present and name not in (sequence, *targets))]
+    table = tables.stored_rows(dataset, None, [*wanted_inputs, *wanted_targets])
+    read = {name: _column(table.column(name).combine_chunks()) for name in [*wanted_inputs, *wanted_targets]}
+    if any(rows is None for rows in read.values()) or not _is_tokens(table.column(sequence).type):
         return None
-    if len(found.pairs) == found.rows == len(train_rows.lengths):
-        return same  # the same rows, prepared for each split apart (as TRL's trainers do)
-    share = len(found.pairs) / max(found.rows, 1)
-    examples = "; ".join(
-        f"{split.description} row {row} = training row {source}" + _text(decode, eval_rows.row(row))
-        for row, source in found.pairs[:SHOWN]
+    return Fed(
+        {name: rows for name, rows in read.items() if name in wanted_inputs and rows is not None},
+        {name: rows for name, rows in read.items() if name in wanted_targets and rows is not None},
     )
-    if found.long < 2 or found.long < SHARE * found.rows:
-        return (
-            f"{len(found.pairs)} of the {found.rows} rows of the {split.description} dataset are also training "
-            f"rows ({found.short} of them short, under {SHORT} tokens), e.g. {examples}: too few to sway its "
-            "metrics"
+
+
+def _is_tokens(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)
+
+
+def _column(array: Any) -> Rows | None:
+    """One column's values as `Rows`, or None where they are no numbers, or hold a null."""
+    import pyarrow as pa
+
+    def numeric(kind: Any) -> bool:
+        return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind))
+
+    if array.null_count:
+        return None
+    if (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) and numeric(array.type.value_type):
+        flat = array.flatten()
+        if flat.null_count:
+            return None
+        offsets = array.offsets.to_numpy()
+        return Rows(_as_integers(flat.to_numpy(zero_copy_only=False)), (offsets - offsets[0]).astype(np.int64))
+    if numeric(array.type):
+        values = _as_integers(array.to_numpy(zero_copy_only=False))
+        return Rows(values, np.arange(len(array) + 1, dtype=np.int64), listed=False)
+    return None
+
+
+# ---- the verdict ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One evaluation split against the training split, in the terms a finding gives: its name, the settings that act
+    on its metrics, and how its rows read (`shown`: an example pair in words; `key`: a row's key in Python)."""
+
+    description: str
+    acting: Sequence[str]
+    training_rows: int
+    shown: Callable[[int, int], str]
+    key: str
+    targets: Sequence[str]
+
+
+def judge(found: Overlap, split: Evaluated, given_is_training: bool = False) -> list[str]:
+    """The notes an evaluation split's rows shared with training give; a finding where they spoil the run (the rule
+    of the module's docstring)."""
+    conflicting = _conflicting(found, split)
+    also = [f"also: {conflicting}"] if conflicting else []
+    whole = found.rows >= FEW and len(found.leaked) == found.rows
+    if given_is_training or (whole and found.rows == split.training_rows):
+        what = f"the {split.description} dataset is the training dataset"
+    elif whole:
+        what = (
+            f"every one of the {found.rows} rows of the {split.description} dataset is a training row (the training "
+            "split or a selection of it)"
         )
-    raise diagnosis.Finding(
-        f"{len(found.pairs)} of the {found.rows} rows of the {split.description} dataset ({share:.0%}) are also "
-        f"training rows, token for token as the model is fed them (e.g. {examples}): its metrics, and the best "
-        "checkpoint and early stopping they drive, score rows the model has trained on",
-        "make the splits disjoint: de-duplicate the data and split it before any augmentation, or drop those rows "
-        f"from the evaluation split: seen = set(map(tuple, train_dataset[{column!r}])); eval_dataset = "
-        f"eval_dataset.filter(lambda row: tuple(row[{column!r}]) not in seen)",
+    else:
+        return _repeated(found, split, also)
+    if split.acting:
+        raise diagnosis.Finding(
+            f"{what}, and {', '.join(split.acting)} act on its metrics: they judge the run by how well it fits the "
+            "rows it trains on, where overfitting looks like progress, so the checkpoint they pick is the one that "
+            "has memorised its training rows best",
+            "evaluate on rows held out of training: parts = dataset.train_test_split(test_size=0.1, seed=0), then "
+            "train_dataset=parts['train'], eval_dataset=parts['test']",
+            also,
+        )
+    fit = f"{SUMMARY} {what}: its metrics measure how well the model fits its training rows, not rows it has not seen"
+    return [fit, *([conflicting] if conflicting else [])]
+
+
+def _repeated(found: Overlap, split: Evaluated, also: list[str]) -> list[str]:
+    """Some evaluation rows repeated from training: natural repeats, or a split made from training rows."""
+    notes = [also[0].removeprefix("also: ")] if also else []
+    if not found.leaked:
+        return notes
+    share = found.long / max(found.rows, 1)
+    repeated = (
+        f"{len(found.leaked)} of the {found.rows} rows of the {split.description} dataset "
+        f"({len(found.leaked) / max(found.rows, 1):.0%}) are training rows, {_alike(split.targets)} as the model is "
+        f"fed them ({found.short} of them short, under {SHORT} tokens)"
     )
+    examples = [f"e.g. {split.shown(row, source)}" for row, source in found.leaked[:SHOWN]]
+    remedy = (
+        f"key = lambda row: {split.key}; seen = set(map(key, train_dataset)); "
+        "eval_dataset = eval_dataset.filter(lambda row: key(row) not in seen)"
+    )
+    if found.long >= FEW and share >= MADE:
+        raise diagnosis.Finding(
+            f"the {split.description} dataset was made from training rows (the data oversampled, augmented or copied "
+            f"before it was split): {repeated}, far more than natural repeats give, so its metrics score rows the "
+            "model has trained on",
+            "split the data first, then oversample or augment the training split only; or drop those rows from the "
+            f"evaluation split: {remedy}",
+            [*examples, *also],
+        )
+    if found.long >= FEW and share >= SWAY and split.acting:
+        raise diagnosis.Finding(
+            f"{', '.join(split.acting)} act on metrics of training rows: {repeated}; a checkpoint that memorises "
+            "them scores better on them, so the one picked is the one that fits its training rows best",
+            f"drop those rows from the evaluation split (or de-duplicate the data before splitting it): {remedy}",
+            [*examples, *also],
+        )
+    shown = f"{repeated}, {_examples(found.leaked, split)}"
+    if found.long >= FEW and share >= SWAY:
+        return [f"{SUMMARY} {shown}: no setting picks a checkpoint by its metrics, which they inflate", *notes]
+    return [f"{shown}: natural repeats, too few to sway its metrics", *notes]
 
 
-def _text(decode: Any, ids: np.ndarray) -> str:
+def _conflicting(found: Overlap, split: Evaluated) -> str | None:
+    """The note of evaluation rows whose input a training row has under other targets."""
+    if not found.conflicting:
+        return None
+    share = len(found.conflicting) / max(found.rows, 1)
+    note = (
+        f"{len(found.conflicting)} of the {found.rows} rows of the {split.description} dataset ({share:.0%}) have "
+        f"the input of a training row under other {' and '.join(split.targets)} ("
+        f"{_examples(found.conflicting, split)}): not rows the model trained on, but inputs it is trained to "
+        "answer otherwise than it is scored"
+    )
+    return f"{SUMMARY} {note}" if share >= CONFLICTING else note
+
+
+def _alike(targets: Sequence[str]) -> str:
+    return f"input and {' and '.join(targets)} alike," if targets else "token for token"
+
+
+def _examples(pairs: list[tuple[int, int]], split: Evaluated) -> str:
+    return "e.g. " + "; ".join(split.shown(row, source) for row, source in pairs[:SHOWN])
+
+
+# ---- one evaluation split ------------------------------------------------------------------------------------------
+
+
+def check(
+    training: FedSplit,
+    train_rows: Fed | None,
+    split: FedSplit,
+    acting: Sequence[str],
+    decode: Callable[[list[int]], str] | None = None,
+) -> list[str]:
+    """The notes of the rows the evaluation `split` shares with training; a finding where they spoil the run. Its
+    rows are read as `train_rows` were (`fed`), which are read and hashed once for every evaluation split."""
+    if split.given is training.given:
+        return judge(Overlap([], [], 0, 0), _evaluated(split, acting, training, None, None, decode), True)
+    if train_rows is None:
+        return []
+    names = list(train_rows.inputs)
+    eval_rows = fed(split, names[0], names[1:], list(train_rows.targets))
+    if eval_rows is None or list(eval_rows.inputs) != names or list(eval_rows.targets) != list(train_rows.targets):
+        return []
+    found = between(train_rows, eval_rows)
+    return judge(found, _evaluated(split, acting, training, train_rows, eval_rows, decode))
+
+
+def _evaluated(
+    split: FedSplit,
+    acting: Sequence[str],
+    training: FedSplit,
+    train_rows: Fed | None,
+    eval_rows: Fed | None,
+    decode: Callable[[list[int]], str] | None,
+) -> Evaluated:
+    targets = list(train_rows.targets) if train_rows else []
+    sequence = next(iter(train_rows.inputs)) if train_rows else "input_ids"
+
+    def shown(row: int, source: int) -> str:
+        if eval_rows is None:
+            return ""
+        labels = ""
+        if targets:
+            mine, theirs = split.dataset[row][targets[0]], training.dataset[source][targets[0]]
+            labels = f" ({targets[0]} {_short(mine)}" + (")" if mine == theirs else f" against {_short(theirs)})")
+        text = _text(decode, eval_rows.sequence.row(row))
+        return f"{split.description} row {row} = training row {source}{text}{labels}"
+
+    parts = [f"tuple(row[{sequence!r}])"]
+    for name in targets:
+        assert train_rows is not None
+        parts.append(f"tuple(row[{name!r}])" if train_rows.targets[name].listed else f"row[{name!r}]")
+    key = f"({', '.join(parts)})" if targets else parts[0]
+    return Evaluated(split.description, list(acting), len(training.given), shown, key, targets)
+
+
+def _short(value: Any) -> str:
+    """A label as the data holds it, a long list cut short."""
+    if isinstance(value, list) and len(value) > 6:
+        return f"[{', '.join(map(str, value[:6]))}, ...]"
+    return str(value)
+
+
+def _text(decode: Callable[[list[int]], str] | None, ids: np.ndarray) -> str:
     """The row's text as the tokenizer shows it, cut short; nothing where it cannot."""
+    if decode is None:
+        return ""
     try:
         text = str(decode(ids.tolist())).strip()
     except Exception:

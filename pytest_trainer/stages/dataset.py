@@ -43,22 +43,24 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 
 def _overlaps(pipeline: Pipeline) -> list[str]:
-    """Notes of evaluation rows that are training rows; a finding where they sway an evaluation split's metrics."""
-    from pytest_trainer import diagnosis, overlap
+    """Notes of evaluation rows that are training rows; a finding where they spoil an evaluation split's metrics."""
+    from pytest_trainer import diagnosis, fed_data, metric_settings, overlap
 
     column = pipeline.task.sequence
-    if column is None:
-        return []
     evaluation = [split for split in pipeline.splits if split.description != "training"]
-    if not evaluation:
+    if column is None or not evaluation:
         return []
+    trainer = pipeline.trainer
     training = pipeline.training
-    train_rows = overlap.fed_rows(training, column)
+    targets = [*(getattr(trainer, "label_names", None) or ["labels"]), "label", "label_ids", *overlap.SUPERVISION]
+    inputs = [name for name in fed_data.signature_columns(trainer) if name not in targets]
+    train_rows = overlap.fed(training, column, inputs, targets)
+    callbacks = list(getattr(getattr(trainer, "callback_handler", None), "callbacks", []))
+    acting = metric_settings.acting(trainer.args, callbacks)
     notes: list[str] = []
 
     def one(split: FedSplit) -> None:
-        note = overlap.check(training, train_rows, split, column, pipeline.decoded)
-        notes.extend([note] if note else [])
+        notes.extend(overlap.check(training, train_rows, split, acting, pipeline.decoded))
 
     diagnosis.findings_last([functools.partial(one, split) for split in evaluation])
     return notes
