@@ -1,4 +1,6 @@
-"""Evaluation rows that are training rows, as fed, over the whole splits (`dataset`)."""
+"""Evaluation rows that are training rows, input and targets as fed, over the whole splits (`dataset`): a split made
+from training rows and the training split evaluated under a setting that acts on its metrics fail; natural repeats,
+the same inputs under other labels and the training split watched for its fit pass, with a note."""
 
 from __future__ import annotations
 
@@ -7,76 +9,204 @@ import json
 import pytest
 from conftest import GOOD_SCRIPT, outcomes, run_script, write
 
-#: The data oversampled (every row twice), then split: most evaluation rows have their copy in training.
-SPLIT_AFTER_OVERSAMPLING = """
+#: A classifier on 200 sentences; `split` makes `train` and `dev`, `settings` are more TrainingArguments.
+SPLITS = """
     import tiny
     from datasets import concatenate_datasets
-    from transformers import Trainer, TrainingArguments
+    from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
 
     tok = tiny.tokenizer()
     data = tiny.tokenized(tiny.text_dataset(count=200, seed=3), tok)
     {split}
-    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
-    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=train, eval_dataset=dev, processing_class=tok)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none"{settings})
+    trainer = Trainer(model=tiny.classifier(num_labels={labels}), args=args, train_dataset=train, eval_dataset=dev,
+                      processing_class=tok)
 """
+#: The data oversampled (every row twice), then split: most evaluation rows have their copy in training.
 OVERSAMPLED_FIRST = """parts = concatenate_datasets([data, data]).train_test_split(test_size=0.2, seed=0)
     train, dev = parts["train"], parts["test"]"""
 SPLIT_FIRST = """parts = data.train_test_split(test_size=0.2, seed=0)
     train, dev = concatenate_datasets([parts["train"], parts["train"]]), parts["test"]"""
+#: Long training rows (8 tokens or more) added to the 40 held-out ones, as a corpus repeats generic texts.
+REPEATS = (
+    SPLIT_FIRST
+    + """
+    dev = concatenate_datasets([dev, train.filter(lambda row: len(row["input_ids"]) >= 8).select(range({count}))])"""
+)
+#: The best checkpoint picked by the evaluation loss.
+BEST = ', eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True'
 
 
-def test_evaluation_rows_repeated_from_training_are_found(project: pytest.Pytester) -> None:
-    write(project, "train.py", SPLIT_AFTER_OVERSAMPLING.format(split=OVERSAMPLED_FIRST))
-    result = run_script(project, "--trainer-stages=dataset")
+def run_split(project: pytest.Pytester, split: str, settings: str = "", labels: int = 3) -> pytest.RunResult:
+    write(project, "train.py", SPLITS.format(split=split, settings=settings, labels=labels))
+    return run_script(project, "--trainer-stages=dataset", "--trainer-report=report.json")
+
+
+def dataset_notes(project: pytest.Pytester) -> list[str]:
+    items = json.loads((project.path / "report.json").read_text())["items"]
+    return next(item for item in items if item["stage"] == "dataset")["notes"]
+
+
+def test_a_split_made_from_oversampled_rows_fails(project: pytest.Pytester) -> None:
+    result = run_split(project, OVERSAMPLED_FIRST)
     assert outcomes(result) == {"dataset[cpu]": "FAILED"}
     result.stdout.fnmatch_lines(
         [
-            "dataset[[]cpu[]] failed: * of the 80 rows of the evaluation dataset (*%) are also training rows, token for "
-            "token as the model is fed them (e.g. evaluation row * = training row * '*'*): its metrics, and the best "
-            "checkpoint and early stopping they drive, score rows the model has trained on",
-            "  fix: make the splits disjoint: de-duplicate the data and split it before any augmentation, or drop those "
-            "rows from the evaluation split: seen = set(map(tuple, train_dataset[[]'input_ids'[]])); *",
+            "dataset[[]cpu[]] failed: the evaluation dataset was made from training rows (the data oversampled, "
+            "augmented or copied before it was split): * of the 80 rows of the evaluation dataset (*%) are training "
+            "rows, input and label alike, as the model is fed them (* of them short, under 8 tokens), far more than "
+            "natural repeats give, so its metrics score rows the model has trained on",
+            "  fix: split the data first, then oversample or augment the training split only; or drop those rows from "
+            "the evaluation split: key = lambda row: (tuple(row[[]'input_ids'[]]), row[[]'label'[]]); seen = "
+            "set(map(key, train_dataset)); eval_dataset = eval_dataset.filter(lambda row: key(row) not in seen)",
+            "  e.g. evaluation row * = training row * '[[]CLS[]] *' (label *)",
         ]
     )
 
 
 def test_splitting_before_oversampling_passes(project: pytest.Pytester) -> None:
-    write(project, "train.py", SPLIT_AFTER_OVERSAMPLING.format(split=SPLIT_FIRST))
-    result = run_script(project, "--trainer-stages=dataset")
+    result = run_split(project, SPLIT_FIRST, BEST)
     assert outcomes(result) == {"dataset[cpu]": "PASSED"}
     assert "training rows" not in result.stdout.str()
 
 
-def test_a_few_short_rows_repeated_are_a_note(project: pytest.Pytester) -> None:
-    short = (
-        SPLIT_FIRST
-        + """
-    dev = concatenate_datasets([dev, train.filter(lambda row: len(row["input_ids"]) < 6).select(range(1))])"""
-    )
-    write(project, "train.py", SPLIT_AFTER_OVERSAMPLING.format(split=short))
-    result = run_script(project, "--trainer-stages=dataset", "--trainer-report=report.json")
+@pytest.mark.parametrize("settings", ["", BEST], ids=["no-setting", "best-model"])
+def test_natural_repeats_are_a_note(project: pytest.Pytester, settings: str) -> None:
+    result = run_split(project, REPEATS.format(count=3), settings)
     assert outcomes(result) == {"dataset[cpu]": "PASSED"}
-    dataset = next(
-        item for item in json.loads((project.path / "report.json").read_text())["items"] if item["stage"] == "dataset"
-    )
-    # One short row of the split repeats a training row by chance; the second was added.
+    assert "training rows" not in result.stdout.str()  # not in the terminal summary
     assert any(
-        note.startswith(
-            "2 of the 41 rows of the evaluation dataset are also training rows (2 of them short, under 8 tokens), e.g. "
-        )
-        and note.endswith(": too few to sway its metrics")
-        for note in dataset["notes"]
-    ), dataset["notes"]
+        note.startswith("3 of the 43 rows of the evaluation dataset (7%) are training rows, input and label alike")
+        and note.endswith(": natural repeats, too few to sway its metrics")
+        for note in dataset_notes(project)
+    ), dataset_notes(project)
 
 
-def test_the_training_split_given_for_evaluation_is_a_note(project: pytest.Pytester) -> None:
-    write(project, "train.py", GOOD_SCRIPT)  # eval_dataset=data, the training split
+def test_repeats_that_sway_the_best_checkpoint_fail_where_it_is_picked(project: pytest.Pytester) -> None:
+    result = run_split(project, REPEATS.format(count=6), BEST)
+    assert outcomes(result) == {"dataset[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: load_best_model_at_end acts on metrics of training rows: 6 of the 46 rows of the "
+            "evaluation dataset (13%) are training rows, input and label alike, as the model is fed them; a checkpoint that memorises them scores better on them, so the one picked is the "
+            "one that fits its training rows best",
+        ]
+    )
+    result = run_split(project, REPEATS.format(count=6))
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    result.stdout.fnmatch_lines(
+        ["evaluation: 6 of the 46 rows of the evaluation dataset (13%) are training rows, * no setting picks a *"]
+    )
+
+
+def test_the_same_inputs_under_other_scores_pass_with_a_note(project: pytest.Pytester) -> None:
+    """A regression split whose inputs are training inputs, scored otherwise: not rows the model trained on."""
+    rescored = """data = data.map(lambda row: {"label": float(len(row["input_ids"])) / 10})
+    train = data.select(range(150))
+    dev = train.select(range(50)).map(lambda row: {"label": row["label"] + 0.5})"""
+    result = run_split(project, rescored, BEST, labels=1)
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    result.stdout.fnmatch_lines(
+        [
+            "evaluation: 50 of the 50 rows of the evaluation dataset (100%) have the input of a training row under "
+            "other label (e.g. evaluation row 0 = training row 0 '[[]CLS[]] *' (label * against *); *): not rows the "
+            "model trained on, but inputs it is trained to answer otherwise than it is scored"
+        ]
+    )
+
+
+def test_sentences_tagged_otherwise_pass(project: pytest.Pytester) -> None:
+    """A token-classification split of training sentences with other tags, and a few natural repeats."""
+    tagged = """
+    import tiny
+    from transformers import BertForTokenClassification, DataCollatorForTokenClassification, Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+
+    def tagger(shift):
+        def tag(batch):
+            encoded = tok(batch["text"], truncation=True)
+            encoded["labels"] = [[-100 if word is None else (word + shift) % 4 for word in encoded.word_ids(i)]
+                                 for i in range(len(batch["text"]))]
+            return encoded
+        return tag
+
+    raw = tiny.text_dataset(count=120, seed=5)
+    train = raw.select(range(100)).map(tagger(0), batched=True, remove_columns=["text", "label"])
+    dev = raw.select(range(60, 120)).map(tagger(1), batched=True, remove_columns=["text", "label"])
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none",
+                             eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True)
+    trainer = Trainer(model=BertForTokenClassification(tiny.config(num_labels=4)), args=args, train_dataset=train,
+                      eval_dataset=dev, processing_class=tok, data_collator=DataCollatorForTokenClassification(tok))
+    """
+    write(project, "train.py", tagged)
+    result = run_script(project, "--trainer-stages=dataset")
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    result.stdout.fnmatch_lines(
+        ["evaluation: 40 of the 60 rows of the evaluation dataset (67%) have the input of a training row under other "
+         "labels (e.g. evaluation row 0 = training row 60 * (labels [[]-100, 1, *] against [[]-100, 0, *]); *"]
+    )  # fmt: skip
+
+
+def test_a_language_model_repeating_a_few_texts_passes(project: pytest.Pytester) -> None:
+    """A masked LM's targets are made from its input by the collator: a row is its tokens."""
+    masked = """
+    import tiny
+    from datasets import concatenate_datasets
+    from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(count=120, seed=7), tok).remove_columns(["label"])
+    train = data.select(range(80))
+    dev = concatenate_datasets([data.select(range(80, 118)), train.filter(lambda row: len(row["input_ids"]) >= 8)
+                                .select(range(2))])
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none",
+                             eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True)
+    trainer = Trainer(model=BertForMaskedLM(tiny.config()), args=args, train_dataset=train, eval_dataset=dev,
+                      processing_class=tok, data_collator=DataCollatorForLanguageModeling(tok))
+    """
+    write(project, "train.py", masked)
     result = run_script(project, "--trainer-stages=dataset", "--trainer-report=report.json")
     assert outcomes(result) == {"dataset[cpu]": "PASSED"}
-    dataset = next(
-        item for item in json.loads((project.path / "report.json").read_text())["items"] if item["stage"] == "dataset"
+    assert any(
+        note.startswith("2 of the 40 rows of the evaluation dataset (5%) are training rows, token for token as the ")
+        for note in dataset_notes(project)
+    ), dataset_notes(project)
+
+
+def test_the_training_split_evaluated_is_shown_and_fails_where_a_setting_acts_on_it(project: pytest.Pytester) -> None:
+    fit = (
+        "evaluation: the evaluation dataset is the training dataset: its metrics measure how well the model fits its "
+        "training rows, not rows it has not seen"
     )
-    assert (
-        "the evaluation dataset is the training dataset: its metrics measure how well the model fits its training "
-        "rows, not how it does on rows it has not seen" in dataset["notes"]
-    ), dataset["notes"]
+    write(project, "train.py", GOOD_SCRIPT)  # eval_dataset=data, the training split
+    result = run_script(project, "--trainer-stages=dataset")
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    result.stdout.fnmatch_lines(["--* pytest-trainer: train.py -*", "*", f"{fit}"])
+
+    write(project, "train.py", GOOD_SCRIPT.replace('report_to="none"', 'report_to="none"' + BEST))
+    result = run_script(project, "--trainer-stages=dataset")
+    assert outcomes(result) == {"dataset[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: the evaluation dataset is the training dataset, and load_best_model_at_end acts "
+            "on its metrics: they judge the run by how well it fits the rows it trains on, where overfitting looks "
+            "like progress, so the checkpoint they pick is the one that has memorised its training rows best",
+            "  fix: evaluate on rows held out of training: parts = dataset.train_test_split(test_size=0.1, seed=0), "
+            "then train_dataset=parts[[]'train'[]], eval_dataset=parts[[]'test'[]]",
+        ]
+    )
+
+
+@pytest.mark.parametrize("settings", ["", BEST], ids=["no-setting", "best-model"])
+def test_a_selection_of_the_training_split_evaluated(project: pytest.Pytester, settings: str) -> None:
+    result = run_split(project, "train, dev = data, data.select(range(0, 200, 5))", settings)
+    selection = (
+        "every one of the 40 rows of the evaluation dataset is a training row (the training split or a selection of it)"
+    )
+    if settings:
+        assert outcomes(result) == {"dataset[cpu]": "FAILED"}
+        result.stdout.fnmatch_lines([f"dataset[[]cpu[]] failed: {selection}, and load_best_model_at_end acts on *"])
+    else:
+        assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+        result.stdout.fnmatch_lines([f"evaluation: {selection}: its metrics measure how well the model fits *"])

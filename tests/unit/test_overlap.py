@@ -1,20 +1,47 @@
-"""Rows repeated between two splits (`overlap`), on token ids: the hash of a row, the pairs found, many rows at once.
+"""Rows repeated between two splits (`overlap`): the hash of a row, the pairs found with their targets or under other
+targets, and the verdict on natural repeats, a split made from training rows and the training split evaluated.
 The end-to-end runs (splits as the Trainer feeds them) are in tests/e2e/test_overlapping_splits.py.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Sequence
 
-from pytest_trainer import overlap
+import numpy as np
+import pytest
+
+from pytest_trainer import diagnosis, overlap
 
 
 def rows(*sequences: list[int]) -> overlap.Rows:
-    lengths = [len(sequence) for sequence in sequences]
-    return overlap.Rows(
-        np.array([token for sequence in sequences for token in sequence], dtype=np.int64),
-        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+    return overlap.rows_of(sequences)
+
+
+def fed(inputs: Sequence[list[int]], **targets: Sequence[object]) -> overlap.Fed:
+    return overlap.Fed(
+        {"input_ids": rows(*inputs)}, {name: overlap.rows_of(values) for name, values in targets.items()}
+    )  # type: ignore[arg-type]
+
+
+def evaluated(acting: Sequence[str] = (), training_rows: int = 1000, targets: Sequence[str] = ("label",)):
+    return overlap.Evaluated(
+        "evaluation",
+        acting,
+        training_rows,
+        lambda row, source: f"evaluation row {row} = training row {source}",
+        "(tuple(row['input_ids']), row['label'])",
+        targets,
     )
+
+
+def found(leaked: int, rows: int, short: int = 0, conflicting: int = 0) -> overlap.Overlap:
+    """An overlap of `leaked` repeated rows (the first `short` of them short) among `rows` evaluation rows."""
+    return overlap.Overlap(
+        [(row, row) for row in range(leaked)], [(row, row) for row in range(leaked, leaked + conflicting)], rows, short
+    )
+
+
+LONG = list(range(10, 30))  # 20 tokens
 
 
 def test_equal_rows_hash_equal_and_order_matters() -> None:
@@ -24,12 +51,43 @@ def test_equal_rows_hash_equal_and_order_matters() -> None:
     assert hashed[3] == 0
 
 
+def test_labels_as_numbers_compare_by_value_whatever_their_type() -> None:
+    assert overlap.rows_of([1, 2.0, 2.5]).hashes[1] == overlap.rows_of([7, 2, 9]).hashes[1]
+    assert overlap.rows_of([2.5]).hashes[0] != overlap.rows_of([2.4]).hashes[0]
+    assert overlap.rows_of([[0, 1], [1, 0]]).listed and not overlap.rows_of([0, 1]).listed
+
+
 def test_overlap_pairs_each_evaluation_row_with_its_training_row() -> None:
-    training = rows([1, 2, 3, 4, 5, 6, 7, 8, 9], [2, 3], [4, 4, 4, 4, 4, 4, 4, 4])
-    evaluation = rows([9, 9], [2, 3], [], [4, 4, 4, 4, 4, 4, 4, 4], [1, 2, 3, 4, 5, 6, 7, 8])
-    found = overlap.between(training, evaluation)
-    assert found.pairs == [(1, 1), (3, 2)]
-    assert (found.rows, found.short, found.long) == (5, 1, 1)
+    training = fed([[1, 2, 3, 4, 5, 6, 7, 8, 9], [2, 3], [4, 4, 4, 4, 4, 4, 4, 4]])
+    evaluation = fed([[9, 9], [2, 3], [], [4, 4, 4, 4, 4, 4, 4, 4], [1, 2, 3, 4, 5, 6, 7, 8]])
+    result = overlap.between(training, evaluation)
+    assert result.leaked == [(1, 1), (3, 2)]
+    assert result.conflicting == []
+    assert (result.rows, result.short, result.long) == (4, 1, 1)
+
+
+def test_the_same_input_under_another_label_conflicts_and_does_not_leak() -> None:
+    training = fed([LONG, LONG[1:], LONG[2:]], label=[0, 1, 2])
+    evaluation = fed([LONG, LONG[1:], LONG[3:]], label=[0, 2, 1])
+    result = overlap.between(training, evaluation)
+    assert result.leaked == [(0, 0)]
+    assert result.conflicting == [(1, 1)]
+
+
+def test_an_input_trained_under_two_labels_leaks_under_either() -> None:
+    training = fed([LONG, LONG, LONG[1:]], label=[0, 1, 1])
+    evaluation = fed([LONG, LONG, LONG], label=[1, 0, 2])
+    result = overlap.between(training, evaluation)
+    assert [row for row, _ in result.leaked] == [0, 1]
+    assert [row for row, _ in result.conflicting] == [2]
+
+
+def test_per_token_and_float_targets_are_part_of_the_row() -> None:
+    training = fed([LONG, LONG[1:]], labels=[[0] * 20, [1] * 19], score=[0.25, 0.5])
+    evaluation = fed([LONG, LONG[1:]], labels=[[0] * 20, [1] * 18 + [2]], score=[0.25, 0.5])
+    result = overlap.between(training, evaluation)
+    assert result.leaked == [(0, 0)]
+    assert result.conflicting == [(1, 1)]
 
 
 def test_overlap_over_many_rows_finds_exactly_the_copied_ones() -> None:
@@ -39,5 +97,100 @@ def test_overlap_over_many_rows_finds_exactly_the_copied_ones() -> None:
     copied = [3, 77, 499]
     for row in copied:
         evaluation[row] = training[row * 7]
-    found = overlap.between(rows(*training), rows(*evaluation))
-    assert [row for row, _ in found.pairs if len(evaluation[row]) > 2] == copied
+    result = overlap.between(fed(training), fed(evaluation))
+    assert [row for row, _ in result.leaked if len(evaluation[row]) > 2] == copied
+
+
+# ---- the verdict ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("leaked", "rows"), [(2, 60), (2, 40), (5, 100), (9, 100)])
+def test_natural_repeats_are_a_note_even_where_a_setting_acts(leaked: int, rows: int) -> None:
+    for acting in ((), ("load_best_model_at_end",)):
+        notes = overlap.judge(found(leaked, rows), evaluated(acting))
+        assert len(notes) == 1
+        assert notes[0].startswith(f"{leaked} of the {rows} rows of the evaluation dataset ")
+        assert notes[0].endswith(": natural repeats, too few to sway its metrics")
+
+
+def test_a_split_made_from_training_rows_fails_whatever_the_settings() -> None:
+    with pytest.raises(diagnosis.Finding) as raised:
+        overlap.judge(found(64, 80, short=22), evaluated())
+    assert raised.value.cause.startswith(
+        "the evaluation dataset was made from training rows (the data oversampled, augmented or copied before it was "
+        "split): 64 of the 80 rows of the evaluation dataset (80%) are training rows, input and label alike, as the "
+        "model is fed them (22 of them short, under 8 tokens)"
+    )
+    assert raised.value.fix.startswith("split the data first, then oversample or augment the training split only")
+    assert "key = lambda row: (tuple(row['input_ids']), row['label'])" in raised.value.fix
+    assert raised.value.details[0] == "e.g. evaluation row 0 = training row 0"
+
+
+def test_short_repeated_rows_do_not_count_towards_a_split_made_from_training() -> None:
+    notes = overlap.judge(found(30, 100, short=25), evaluated())
+    assert notes[0].endswith(": natural repeats, too few to sway its metrics")
+
+
+def test_repeats_that_sway_a_metric_fail_only_where_a_setting_acts_on_it() -> None:
+    notes = overlap.judge(found(15, 100), evaluated())
+    assert notes == [
+        "evaluation: 15 of the 100 rows of the evaluation dataset (15%) are training rows, input and label alike, as "
+        "the model is fed them, e.g. evaluation row 0 = training row 0; evaluation "
+        "row 1 = training row 1; evaluation row 2 = training row 2: no setting picks a checkpoint by its metrics, "
+        "which they inflate"
+    ]
+    with pytest.raises(diagnosis.Finding) as raised:
+        overlap.judge(found(15, 100), evaluated(("EarlyStoppingCallback",)))
+    assert raised.value.cause.startswith("EarlyStoppingCallback acts on metrics of training rows: 15 of the 100 rows")
+
+
+def test_a_few_rows_of_a_small_split_are_a_note_whatever_their_share() -> None:
+    notes = overlap.judge(found(2, 5), evaluated(("load_best_model_at_end",)))
+    assert notes[0].endswith(": natural repeats, too few to sway its metrics")
+
+
+@pytest.mark.parametrize(
+    ("result", "given", "what"),
+    [
+        (found(0, 0), True, "the evaluation dataset is the training dataset"),
+        (found(1000, 1000), False, "the evaluation dataset is the training dataset"),
+        (
+            found(50, 50),
+            False,
+            "every one of the 50 rows of the evaluation dataset is a training row (the training split or a "
+            "selection of it)",
+        ),
+    ],
+    ids=["same-object", "same-rows", "selection"],
+)
+def test_the_training_split_evaluated_fails_only_where_a_setting_acts(
+    result: overlap.Overlap, given: bool, what: str
+) -> None:
+    notes = overlap.judge(result, evaluated(), given)
+    assert notes == [
+        f"evaluation: {what}: its metrics measure how well the model fits its training rows, not rows it has not seen"
+    ]
+    with pytest.raises(diagnosis.Finding) as raised:
+        overlap.judge(result, evaluated(("load_best_model_at_end", "EarlyStoppingCallback")), given)
+    assert raised.value.cause.startswith(
+        f"{what}, and load_best_model_at_end, EarlyStoppingCallback act on its metrics: they judge the run by how "
+        "well it fits the rows it trains on"
+    )
+    assert raised.value.fix.startswith("evaluate on rows held out of training: parts = dataset.train_test_split(")
+
+
+def test_conflicting_labels_are_a_note_the_summary_shows_when_many() -> None:
+    few = overlap.judge(found(0, 100, conflicting=3), evaluated(("load_best_model_at_end",)))
+    assert few == [
+        "3 of the 100 rows of the evaluation dataset (3%) have the input of a training row under other label (e.g. "
+        "evaluation row 0 = training row 0; evaluation row 1 = training row 1; evaluation row 2 = training row 2): "
+        "not rows the model trained on, but inputs it is trained to answer otherwise than it is scored"
+    ]
+    many = overlap.judge(found(0, 50, conflicting=43), evaluated(("load_best_model_at_end",)))
+    assert len(many) == 1 and many[0].startswith("evaluation: 43 of the 50 rows of the evaluation dataset (86%) have ")
+
+
+def test_conflicting_labels_stay_beside_a_finding() -> None:
+    with pytest.raises(diagnosis.Finding) as raised:
+        overlap.judge(found(40, 80, conflicting=10), evaluated())
+    assert raised.value.details[-1].startswith("also: evaluation: 10 of the 80 rows of the evaluation dataset (12%)")
