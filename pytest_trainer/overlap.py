@@ -112,7 +112,8 @@ def _combined(columns: Sequence[Rows]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Fed:
-    """A split's rows as the model is fed them: the token sequence first, the other inputs, then the targets."""
+    """A split's rows as the model is fed them: the token sequence first, the other inputs, then the targets. The
+    rows are found by the hashes of the sequence and the targets, and compared value for value in every column."""
 
     inputs: dict[str, Rows]
     targets: dict[str, Rows]
@@ -126,12 +127,8 @@ class Fed:
         return {**self.inputs, **self.targets}
 
     @functools.cached_property
-    def input_keys(self) -> np.ndarray:
-        return _combined(list(self.inputs.values()))
-
-    @functools.cached_property
     def row_keys(self) -> np.ndarray:
-        return _combined([*self.inputs.values(), *self.targets.values()]) if self.targets else self.input_keys
+        return _combined([self.sequence, *self.targets.values()]) if self.targets else self.sequence.hashes
 
     def same(self, columns: dict[str, Rows], other: dict[str, Rows], row: int, source: int) -> bool:
         """Whether `row` of these `columns` holds the values of `source` of the `other` split's."""
@@ -186,7 +183,7 @@ def between(training: Fed, evaluation: Fed) -> Overlap:
     if not len(training.sequence.lengths):
         return Overlap([], [], int(present.sum()), 0)
     whole, whole_source = _matches(training.row_keys, evaluation.row_keys)
-    inputs, inputs_source = _matches(training.input_keys, evaluation.input_keys)
+    inputs, inputs_source = _matches(training.sequence.hashes, evaluation.sequence.hashes)
     leaked = [
         (int(row), int(whole_source[row]))
         for row in np.flatnonzero(present & whole)

@@ -26,6 +26,13 @@ REVIEWS = [
     ("a great actor", 1),
     ("awful plot", 0),
 ] * 4
+#: Reviews the model never trains on, for the evaluation.
+HELD_OUT = [
+    ("the film is fun", 1),
+    ("a boring plot", 0),
+    ("the actor was great", 1),
+    ("a long and awful movie", 0),
+]
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -47,8 +54,10 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="session")
 def trainer(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
     tokenizer = build_tokenizer()
-    raw = Dataset.from_dict({"text": [text for text, _ in REVIEWS], "label": [label for _, label in REVIEWS]})
-    data = raw.map(lambda batch: tokenizer(batch["text"]), batched=True, remove_columns=["text"])
+    def tokenized(reviews: list[tuple[str, int]]) -> Dataset:
+        raw = Dataset.from_dict({"text": [text for text, _ in reviews], "label": [label for _, label in reviews]})
+        return raw.map(lambda batch: tokenizer(batch["text"]), batched=True, remove_columns=["text"])
+
     config = BertConfig(
         vocab_size=len(VOCAB),
         hidden_size=32,
@@ -64,7 +73,7 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
     return Trainer(
         model=BertForSequenceClassification(config),
         args=args,
-        train_dataset=data,
-        eval_dataset=data,
+        train_dataset=tokenized(REVIEWS),
+        eval_dataset=tokenized(HELD_OUT),
         processing_class=tokenizer,
     )

@@ -12,9 +12,14 @@ from conftest import GOOD_SCRIPT, failures, outcomes, write
 from pytest_trainer import devices
 from pytest_trainer.report import summary
 
+#: The smallest correct script, evaluated on rows it does not train on (its training split evaluated is shown).
+HELD_OUT_SCRIPT = GOOD_SCRIPT.replace(
+    "eval_dataset=data", "eval_dataset=tiny.tokenized(tiny.text_dataset(seed=1), tok)"
+)
+
 
 def test_summary_is_one_line_when_everything_passed(project: pytest.Pytester) -> None:
-    write(project, "train.py", GOOD_SCRIPT)
+    write(project, "train.py", HELD_OUT_SCRIPT)
     result = project.runpytest("--trainer-module=train.py", "--trainer-stages=dataset,collate", "--trainer-devices=cpu")
     section = result.outlines[
         result.outlines.index(next(line for line in result.outlines if "pytest-trainer: train.py" in line)) :
