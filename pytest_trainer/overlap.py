@@ -130,10 +130,6 @@ class Fed:
     def row_keys(self) -> np.ndarray:
         return _combined([self.sequence, *self.targets.values()]) if self.targets else self.sequence.hashes
 
-    def same(self, columns: dict[str, Rows], other: dict[str, Rows], row: int, source: int) -> bool:
-        """Whether `row` of these `columns` holds the values of `source` of the `other` split's."""
-        return all(np.array_equal(column.row(row), other[name].row(source)) for name, column in columns.items())
-
 
 def rows_of(values: Sequence[Sequence[float]] | Sequence[float]) -> Rows:
     """A column from Python values: one number per row, or a list of numbers per row."""
@@ -146,7 +142,7 @@ def rows_of(values: Sequence[Sequence[float]] | Sequence[float]) -> Rows:
 
 
 def _as_integers(values: np.ndarray) -> np.ndarray:
-    """Integer values as int64, and any other number as the bits of its float64 (0.5 and 0.50 alike)."""
+    """Whole numbers as int64 (a label 2 and 2.0 alike), and any other as the bits of its float64."""
     if np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_:
         return values.astype(np.int64, copy=False)
     as_float = values.astype(np.float64)
@@ -169,6 +165,11 @@ class Overlap:
         return len(self.leaked) - self.short
 
 
+def _same(columns: dict[str, Rows], other: dict[str, Rows], row: int, source: int) -> bool:
+    """Whether `row` of `columns` holds the values of row `source` of the `other` split's columns."""
+    return all(np.array_equal(column.row(row), other[name].row(source)) for name, column in columns.items())
+
+
 def _matches(known: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each wanted hash, whether a known one equals it, and the index of such a known row."""
     order = np.argsort(known, kind="stable")
@@ -183,16 +184,18 @@ def between(training: Fed, evaluation: Fed) -> Overlap:
     if not len(training.sequence.lengths):
         return Overlap([], [], int(present.sum()), 0)
     whole, whole_source = _matches(training.row_keys, evaluation.row_keys)
-    inputs, inputs_source = _matches(training.sequence.hashes, evaluation.sequence.hashes)
+    inputs, inputs_source = (
+        _matches(training.sequence.hashes, evaluation.sequence.hashes) if evaluation.targets else (whole, whole_source)
+    )
     leaked = [
         (int(row), int(whole_source[row]))
         for row in np.flatnonzero(present & whole)
-        if evaluation.same(evaluation.columns, training.columns, int(row), int(whole_source[row]))
+        if _same(evaluation.columns, training.columns, int(row), int(whole_source[row]))
     ]
     conflicting = [
         (int(row), int(inputs_source[row]))
         for row in np.flatnonzero(present & inputs & ~whole)
-        if evaluation.same(evaluation.inputs, training.inputs, int(row), int(inputs_source[row]))
+        if _same(evaluation.inputs, training.inputs, int(row), int(inputs_source[row]))
     ]
     short = sum(1 for row, _ in leaked if evaluation.sequence.lengths[row] < SHORT)
     return Overlap(leaked, conflicting, int(present.sum()), short)
@@ -204,18 +207,24 @@ def between(training: Fed, evaluation: Fed) -> Overlap:
 def fed(split: FedSplit, sequence: str, columns: Sequence[str], targets: Sequence[str]) -> Fed | None:
     """Every row of `split` as fed, over the whole split: the token `sequence`, the other model inputs among
     `columns` and the `targets`, read as stored. None where the rows are computed (a transform, a torch Dataset), or
-    a column holds what is no number nor a flat list of numbers (an image, a nested list)."""
+    a column holds what is no number nor a flat list of numbers (an image, a nested list), or a null."""
     import datasets
 
     dataset = split.dataset
     if split.transformed or not isinstance(dataset, datasets.Dataset) or sequence not in dataset.column_names:
         return None
-    present = dataset.column_names
-    wanted_targets = [name for name in dict.fromkeys(targets) if name in present and name != sequence]
-    wanted_inputs = [sequence, *(name for name in columns if name in present and name not in (sequence, *targets))]
-    table = tables.stored_rows(dataset, None, [*wanted_inputs, *wanted_targets])
-    read = {name: _column(table.column(name).combine_chunks()) for name in [*wanted_inputs, *wanted_targets]}
-    if any(rows is None for rows in read.values()) or not _is_tokens(table.column(sequence).type):
+    schema = dataset.features.arrow_schema
+    wanted_targets = [name for name in dict.fromkeys(targets) if name in schema.names and name != sequence]
+    wanted_inputs = [
+        sequence,
+        *(name for name in dict.fromkeys(columns) if name in schema.names and name not in (sequence, *targets)),
+    ]
+    kinds = {name: _kind(schema.field(name).type) for name in [*wanted_inputs, *wanted_targets]}
+    if kinds[sequence] != "integers" or None in kinds.values():
+        return None
+    table = tables.stored_rows(dataset, None, list(kinds))
+    read = {name: _column(table.column(name).combine_chunks(), kinds[name] != "number") for name in kinds}
+    if any(rows is None for rows in read.values()):
         return None
     return Fed(
         {name: rows for name, rows in read.items() if name in wanted_inputs and rows is not None},
@@ -223,31 +232,30 @@ def fed(split: FedSplit, sequence: str, columns: Sequence[str], targets: Sequenc
     )
 
 
-def _is_tokens(kind: Any) -> bool:
+def _kind(kind: Any) -> str | None:
+    """ "number" (one per row), "integers" or "numbers" (a flat list of them per row), or None for anything else."""
     import pyarrow as pa
 
-    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)
+    def numeric(inner: Any) -> bool:
+        return bool(pa.types.is_integer(inner) or pa.types.is_floating(inner) or pa.types.is_boolean(inner))
+
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        inner = kind.value_type
+        return "integers" if pa.types.is_integer(inner) else "numbers" if numeric(inner) else None
+    return "number" if numeric(kind) else None
 
 
-def _column(array: Any) -> Rows | None:
-    """One column's values as `Rows`, or None where they are no numbers, or hold a null."""
-    import pyarrow as pa
-
-    def numeric(kind: Any) -> bool:
-        return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind))
-
-    if array.null_count:
+def _column(array: Any, listed: bool) -> Rows | None:
+    """One column's values as `Rows` (a list per row where `listed`), or None where one is null."""
+    values = array.flatten() if listed else array
+    if array.null_count or values.null_count:
         return None
-    if (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) and numeric(array.type.value_type):
-        flat = array.flatten()
-        if flat.null_count:
-            return None
+    if listed:
         offsets = array.offsets.to_numpy()
-        return Rows(_as_integers(flat.to_numpy(zero_copy_only=False)), (offsets - offsets[0]).astype(np.int64))
-    if numeric(array.type):
-        values = _as_integers(array.to_numpy(zero_copy_only=False))
-        return Rows(values, np.arange(len(array) + 1, dtype=np.int64), listed=False)
-    return None
+        return Rows(_as_integers(values.to_numpy(zero_copy_only=False)), (offsets - offsets[0]).astype(np.int64))
+    return Rows(
+        _as_integers(values.to_numpy(zero_copy_only=False)), np.arange(len(array) + 1, dtype=np.int64), listed=False
+    )
 
 
 # ---- the verdict ---------------------------------------------------------------------------------------------------
@@ -404,11 +412,13 @@ def _evaluated(
         return f"{split.description} row {row} = training row {source}{text}{labels}"
 
     parts = [f"tuple(row[{sequence!r}])"]
-    for name in targets:
-        assert train_rows is not None
-        parts.append(f"tuple(row[{name!r}])" if train_rows.targets[name].listed else f"row[{name!r}]")
+    if train_rows is not None:
+        parts += [
+            f"tuple(row[{name!r}])" if rows.listed else f"row[{name!r}]" for name, rows in train_rows.targets.items()
+        ]
     key = f"({', '.join(parts)})" if targets else parts[0]
-    return Evaluated(split.description, list(acting), len(training.given), shown, key, targets)
+    counted = training.given if hasattr(training.given, "__len__") else ()
+    return Evaluated(split.description, list(acting), len(counted) or -1, shown, key, targets)
 
 
 def _short(value: Any) -> str:

@@ -194,3 +194,21 @@ def test_conflicting_labels_stay_beside_a_finding() -> None:
     with pytest.raises(diagnosis.Finding) as raised:
         overlap.judge(found(40, 80, conflicting=10), evaluated())
     assert raised.value.details[-1].startswith("also: evaluation: 10 of the 80 rows of the evaluation dataset (12%)")
+
+
+def test_columns_are_read_from_arrow_as_numbers_or_lists_of_them() -> None:
+    import pyarrow as pa
+
+    assert [overlap._kind(kind) for kind in (pa.list_(pa.int32()), pa.list_(pa.float32()), pa.int64(), pa.bool_())] == [
+        "integers",
+        "numbers",
+        "number",
+        "number",
+    ]
+    assert overlap._kind(pa.string()) is None and overlap._kind(pa.list_(pa.list_(pa.int64()))) is None
+    ids = overlap._column(pa.array([[1, 2], [3], [1, 2]]).slice(1), listed=True)
+    assert ids is not None and ids.row(0).tolist() == [3] and ids.row(1).tolist() == [1, 2]
+    scores = overlap._column(pa.array([0.5, 2.0], pa.float32()), listed=False)
+    assert scores is not None and not scores.listed and scores.hashes[1] == overlap.rows_of([2]).hashes[0]
+    assert overlap._column(pa.array([1, None]), listed=False) is None
+    assert overlap._column(pa.array([[1, None]]), listed=True) is None
