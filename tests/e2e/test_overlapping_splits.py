@@ -52,13 +52,14 @@ def test_a_split_made_from_oversampled_rows_fails(project: pytest.Pytester) -> N
     assert outcomes(result) == {"dataset[cpu]": "FAILED"}
     result.stdout.fnmatch_lines(
         [
-            "dataset[[]cpu[]] failed: the evaluation dataset was made from training rows (the data oversampled, "
-            "augmented or copied before it was split): * of the 80 rows of the evaluation dataset (*%) are training "
-            "rows, input and label alike, as the model is fed them (* of them short, under 8 tokens), far more than "
-            "natural repeats give, so its metrics score rows the model has trained on",
-            "  fix: split the data first, then oversample or augment the training split only; or drop those rows from "
-            "the evaluation split: key = lambda row: (tuple(row[[]'input_ids'[]]), row[[]'label'[]]); seen = "
-            "set(map(key, train_dataset)); eval_dataset = eval_dataset.filter(lambda row: key(row) not in seen)",
+            "dataset[[]cpu[]] failed: the evaluation dataset was made from training rows: * of the 80 rows of the "
+            "evaluation dataset (*%) are training rows, input and label alike, as the model is fed them (* of them "
+            "short, under 8 tokens), far more than natural repeats give; the data held copies of its rows when it was "
+            "split (oversampled, augmented, or repeated in its source), so its metrics score rows the model has "
+            "trained on",
+            "  fix: de-duplicate the data, then split it, and oversample or augment the training split only: key = "
+            "lambda row: (tuple(row[[]'input_ids'[]]), row[[]'label'[]]); first = {}; [[]first.setdefault(key(row), "
+            "index) for index, row in enumerate(data)[]]; data = data.select(sorted(first.values()))",
             "  e.g. evaluation row * = training row * '[[]CLS[]] *' (label *)",
         ]
     )
@@ -110,7 +111,22 @@ def test_the_same_inputs_under_other_scores_pass_with_a_note(project: pytest.Pyt
         [
             "evaluation: 50 of the 50 rows of the evaluation dataset (100%) have the input of a training row under "
             "other label (e.g. evaluation row 0 = training row 0 '[[]CLS[]] *' (label * against *); *): not rows the "
-            "model trained on, but inputs it is trained to answer otherwise than it is scored"
+            "model trained on, since it learns other targets for those inputs than it is scored against"
+        ]
+    )
+
+
+def test_inputs_labelled_by_several_raters_pass_with_a_note(project: pytest.Pytester) -> None:
+    """Every evaluation input is a training input, rated alike by half the raters and otherwise by the others."""
+    rated = """train = data.select(range(150))
+    dev = train.select(range(60)).map(lambda row, index: {"label": (row["label"] + index % 2) % 3}, with_indices=True)"""
+    result = run_split(project, rated, BEST)
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    result.stdout.fnmatch_lines(
+        [
+            "evaluation: 60 of the 60 rows of the evaluation dataset (100%) have the input of a training row, 30 with "
+            "its label and 30 under others (e.g. *): the data labels its inputs several times (several raters or "
+            "annotators) and was split by row, *"
         ]
     )
 
@@ -190,10 +206,11 @@ def test_the_training_split_evaluated_is_shown_and_fails_where_a_setting_acts_on
     result.stdout.fnmatch_lines(
         [
             "dataset[[]cpu[]] failed: the evaluation dataset is the training dataset, and load_best_model_at_end acts "
-            "on its metrics: they judge the run by how well it fits the rows it trains on, where overfitting looks "
-            "like progress, so the checkpoint they pick is the one that has memorised its training rows best",
-            "  fix: evaluate on rows held out of training: parts = dataset.train_test_split(test_size=0.1, seed=0), "
-            "then train_dataset=parts[[]'train'[]], eval_dataset=parts[[]'test'[]]",
+            "on its metrics, which measure how well the model fits the rows it trains on: overfitting looks like "
+            "progress there, so the checkpoint picked is the one that has memorised its training rows best",
+            "  fix: evaluate on rows held out of training: split the data before training, e.g. parts = "
+            "data.train_test_split(test_size=0.1, seed=0), then train_dataset=parts[[]'train'[]], "
+            "eval_dataset=parts[[]'test'[]]",
         ]
     )
 

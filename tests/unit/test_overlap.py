@@ -116,14 +116,21 @@ def test_natural_repeats_are_a_note_even_where_a_setting_acts(leaked: int, rows:
 def test_a_split_made_from_training_rows_fails_whatever_the_settings() -> None:
     with pytest.raises(diagnosis.Finding) as raised:
         overlap.judge(found(64, 80, short=22), evaluated())
-    assert raised.value.cause.startswith(
-        "the evaluation dataset was made from training rows (the data oversampled, augmented or copied before it was "
-        "split): 64 of the 80 rows of the evaluation dataset (80%) are training rows, input and label alike, as the "
-        "model is fed them (22 of them short, under 8 tokens)"
+    assert raised.value.cause == (
+        "the evaluation dataset was made from training rows: 64 of the 80 rows of the evaluation dataset (80%) are "
+        "training rows, input and label alike, as the model is fed them (22 of them short, under 8 tokens), far more "
+        "than natural repeats give; the data held copies of its rows when it was split (oversampled, augmented, or "
+        "repeated in its source), so its metrics score rows the model has trained on"
     )
-    assert raised.value.fix.startswith("split the data first, then oversample or augment the training split only")
-    assert "key = lambda row: (tuple(row['input_ids']), row['label'])" in raised.value.fix
+    assert raised.value.fix == (
+        "de-duplicate the data, then split it, and oversample or augment the training split only: key = lambda row: "
+        "(tuple(row['input_ids']), row['label']); first = {}; [first.setdefault(key(row), index) for index, row in "
+        "enumerate(data)]; data = data.select(sorted(first.values()))"
+    )
     assert raised.value.details[0] == "e.g. evaluation row 0 = training row 0"
+    with pytest.raises(diagnosis.Finding) as raised:
+        overlap.judge(found(64, 80, short=22), evaluated(("load_best_model_at_end",)))
+    assert raised.value.cause.endswith("score rows the model has trained on, and load_best_model_at_end acts on them")
 
 
 def test_short_repeated_rows_do_not_count_towards_a_split_made_from_training() -> None:
@@ -173,10 +180,12 @@ def test_the_training_split_evaluated_fails_only_where_a_setting_acts(
     with pytest.raises(diagnosis.Finding) as raised:
         overlap.judge(result, evaluated(("load_best_model_at_end", "EarlyStoppingCallback")), given)
     assert raised.value.cause.startswith(
-        f"{what}, and load_best_model_at_end, EarlyStoppingCallback act on its metrics: they judge the run by how "
-        "well it fits the rows it trains on"
+        f"{what}, and load_best_model_at_end, EarlyStoppingCallback act on its metrics, which measure how well the "
+        "model fits the rows it trains on: overfitting looks like progress there"
     )
-    assert raised.value.fix.startswith("evaluate on rows held out of training: parts = dataset.train_test_split(")
+    assert raised.value.fix.startswith(
+        "evaluate on rows held out of training: split the data before training, e.g. parts = data.train_test_split("
+    )
 
 
 def test_conflicting_labels_are_a_note_the_summary_shows_when_many() -> None:
@@ -184,10 +193,27 @@ def test_conflicting_labels_are_a_note_the_summary_shows_when_many() -> None:
     assert few == [
         "3 of the 100 rows of the evaluation dataset (3%) have the input of a training row under other label (e.g. "
         "evaluation row 0 = training row 0; evaluation row 1 = training row 1; evaluation row 2 = training row 2): "
-        "not rows the model trained on, but inputs it is trained to answer otherwise than it is scored"
+        "not rows the model trained on, since it learns other targets for those inputs than it is scored against"
     ]
     many = overlap.judge(found(0, 50, conflicting=43), evaluated(("load_best_model_at_end",)))
     assert len(many) == 1 and many[0].startswith("evaluation: 43 of the 50 rows of the evaluation dataset (86%) have ")
+
+
+def test_inputs_labelled_several_times_are_a_note_even_where_many_agree() -> None:
+    """Raters who agree repeat a training row with its label; those who disagree give the same input other labels."""
+    notes = overlap.judge(found(33, 50, conflicting=15), evaluated(("load_best_model_at_end",)))
+    assert len(notes) == 1
+    assert notes[0].startswith(
+        "evaluation: 48 of the 50 rows of the evaluation dataset (96%) have the input of a training row, 33 with its "
+        "label and 15 under others (e.g. evaluation row 0 = training row 0; "
+    )
+    assert notes[0].endswith(
+        "): the data labels its inputs several times (several raters or annotators) and was split by row, so its "
+        "metrics score inputs the model has trained on; to score unseen inputs, split by input (every row of an "
+        "input on the same side)"
+    )
+    with pytest.raises(diagnosis.Finding, match="made from training rows"):
+        overlap.judge(found(33, 50, conflicting=5), evaluated())  # copies, and a few labels that differ
 
 
 def test_conflicting_labels_stay_beside_a_finding() -> None:
