@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -116,19 +116,17 @@ def _combined(columns: Sequence[Rows]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Fed:
-    """A split's rows as the model is fed them: the token sequence first, the other inputs, then the targets. The
-    rows are found by the hashes of the sequence and the targets, and compared value for value in every column."""
+    """A split's rows as the model is fed them: the token sequence (the first input), the targets, and the other
+    inputs. The rows are found by the hashes of the sequence and the targets, then compared value for value in every
+    column; the other inputs are read only for the rows found (`others`: values by row, Arrow arrays or lists)."""
 
     inputs: dict[str, Rows]
     targets: dict[str, Rows]
+    others: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sequence(self) -> Rows:
         return next(iter(self.inputs.values()))
-
-    @property
-    def columns(self) -> dict[str, Rows]:
-        return {**self.inputs, **self.targets}
 
     @functools.cached_property
     def row_keys(self) -> np.ndarray:
@@ -169,9 +167,13 @@ class Overlap:
         return len(self.leaked) - self.short
 
 
-def _same(columns: dict[str, Rows], other: dict[str, Rows], row: int, source: int) -> bool:
-    """Whether `row` of `columns` holds the values of row `source` of the `other` split's columns."""
-    return all(np.array_equal(column.row(row), other[name].row(source)) for name, column in columns.items())
+def _same(evaluation: Fed, training: Fed, row: int, source: int, targets: bool) -> bool:
+    """Whether evaluation `row` holds the inputs (and the `targets`) of training row `source`."""
+    columns = {**evaluation.inputs, **(evaluation.targets if targets else {})}
+    return all(
+        np.array_equal(column.row(row), {**training.inputs, **training.targets}[name].row(source))
+        for name, column in columns.items()
+    ) and all(values[row] == training.others[name][source] for name, values in evaluation.others.items())
 
 
 def _matches(known: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -194,12 +196,12 @@ def between(training: Fed, evaluation: Fed) -> Overlap:
     leaked = [
         (int(row), int(whole_source[row]))
         for row in np.flatnonzero(present & whole)
-        if _same(evaluation.columns, training.columns, int(row), int(whole_source[row]))
+        if _same(evaluation, training, int(row), int(whole_source[row]), targets=True)
     ]
     conflicting = [
         (int(row), int(inputs_source[row]))
         for row in np.flatnonzero(present & inputs & ~whole)
-        if _same(evaluation.inputs, training.inputs, int(row), int(inputs_source[row]))
+        if _same(evaluation, training, int(row), int(inputs_source[row]), targets=False)
     ]
     short = sum(1 for row, _ in leaked if evaluation.sequence.lengths[row] < SHORT)
     return Overlap(leaked, conflicting, int(present.sum()), short)
@@ -209,31 +211,27 @@ def between(training: Fed, evaluation: Fed) -> Overlap:
 
 
 def fed(split: FedSplit, sequence: str, columns: Sequence[str], targets: Sequence[str]) -> Fed | None:
-    """Every row of `split` as fed, over the whole split: the token `sequence`, the other model inputs among
-    `columns` and the `targets`, read as stored. None where the rows are computed (a transform, a torch Dataset), or
-    a column holds what is no number nor a flat list of numbers (an image, a nested list), or a null."""
+    """Every row of `split` as fed, over the whole split: the token `sequence`, the `targets`, and the other model
+    inputs among `columns` (an image, pixel values: compared, never hashed), read as stored. None where the rows are
+    computed (a transform, a torch Dataset), or the sequence or a target holds what is no number nor a flat list of
+    numbers, or a null."""
     import datasets
 
     dataset = split.dataset
     if split.transformed or not isinstance(dataset, datasets.Dataset) or sequence not in dataset.column_names:
         return None
     schema = dataset.features.arrow_schema
-    wanted_targets = [name for name in dict.fromkeys(targets) if name in schema.names and name != sequence]
-    wanted_inputs = [
-        sequence,
-        *(name for name in dict.fromkeys(columns) if name in schema.names and name not in (sequence, *targets)),
-    ]
-    kinds = {name: _kind(schema.field(name).type) for name in [*wanted_inputs, *wanted_targets]}
+    hashed = [sequence, *(name for name in dict.fromkeys(targets) if name in schema.names and name != sequence)]
+    others = [name for name in dict.fromkeys(columns) if name in schema.names and name not in hashed]
+    kinds = {name: _kind(schema.field(name).type) for name in hashed}
     if kinds[sequence] != "integers" or None in kinds.values():
         return None
-    table = tables.stored_rows(dataset, None, list(kinds))
-    read = {name: _column(table.column(name).combine_chunks(), kinds[name] != "number") for name in kinds}
-    if any(rows is None for rows in read.values()):
+    table = tables.stored_rows(dataset, None, [*hashed, *others])
+    read = {name: _column(table.column(name).combine_chunks(), kinds[name] != "number") for name in hashed}
+    rows = {name: value for name, value in read.items() if value is not None}
+    if len(rows) < len(read):
         return None
-    return Fed(
-        {name: rows for name, rows in read.items() if name in wanted_inputs and rows is not None},
-        {name: rows for name, rows in read.items() if name in wanted_targets and rows is not None},
-    )
+    return Fed({sequence: rows.pop(sequence)}, rows, {name: table.column(name) for name in others})
 
 
 def _kind(kind: Any) -> str | None:
@@ -399,9 +397,12 @@ def check(
         return judge(Overlap([], [], 0, 0), _evaluated(split, acting, training, None, None, decode), True)
     if train_rows is None:
         return []
-    names = list(train_rows.inputs)
-    eval_rows = fed(split, names[0], names[1:], list(train_rows.targets))
-    if eval_rows is None or list(eval_rows.inputs) != names or list(eval_rows.targets) != list(train_rows.targets):
+    sequence = next(iter(train_rows.inputs))
+    eval_rows = fed(split, sequence, list(train_rows.others), list(train_rows.targets))
+    if eval_rows is None or [list(eval_rows.targets), list(eval_rows.others)] != [
+        list(train_rows.targets),
+        list(train_rows.others),
+    ]:
         return []
     found = between(train_rows, eval_rows)
     return judge(found, _evaluated(split, acting, training, train_rows, eval_rows, decode))
