@@ -102,14 +102,18 @@ def readers(args: Any, callbacks: Sequence[Any]) -> list[str]:
     return found
 
 
-def acting(args: Any, callbacks: Sequence[Any]) -> list[str]:
+def acting(args: Any, callbacks: Sequence[Any], split: str | None = None) -> list[str]:
     """The settings that act during training on what an evaluation returns: the `readers`, or `metric_for_best_model`
     alone (the best checkpoint is tracked, and kept when older ones are deleted); none where the run never
-    evaluates."""
+    evaluates. Of a dict of evaluation splits, they act on the `split` whose metric `metric_for_best_model` names
+    (`eval_<split>_...`) only."""
     if _value(getattr(args, "eval_strategy", None)) == "no":
         return []
-    found = readers(args, callbacks)
     metric = getattr(args, "metric_for_best_model", None)
+    key = "" if metric is None else metric if metric.startswith("eval_") else f"eval_{metric}"
+    if split is not None and not key.startswith(f"eval_{split}_"):
+        return []
+    found = readers(args, callbacks)
     if metric is not None and not found:
         found.append(f"metric_for_best_model={metric!r}")
     return found

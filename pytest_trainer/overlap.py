@@ -5,18 +5,20 @@ scheduler act on that score. But every real corpus of short texts repeats some r
 generic review), and the same input under another label is no row the model trained on. The rule, said for users in
 docs/stages.md ("Evaluation rows that are training rows"):
 
-- A row is every column the model is fed, its targets included (the label columns, and the masks that choose the
+- A row is every column the collator is fed, its targets included (the label columns, and the masks that choose the
   supervised tokens). Where the collator makes the targets from the input (a language model), the input is the row.
-  An evaluation input found in training under other targets only is a conflicting label: a note.
+  An evaluation input found in training under other targets only is a conflicting label: a note; so are inputs
+  labelled several times (raters who agree repeat a row with its label, those who disagree give it others).
 - The training split given for evaluation, or a selection of it (every evaluation row a training row), is a finding
   where a setting acts on its metrics and a note the terminal summary shows otherwise: evaluating on training rows to
   watch the fit is a choice, picking a checkpoint by it is a defect.
-- Otherwise the repeated rows of at least `SHORT` tokens count. From `MADE` of the evaluation rows, no natural repeat
-  explains them: the split was made from training rows (oversampled, augmented or copied before it was split), a
+- Otherwise the repeated rows of at least `SHORT` tokens (padding left out) count. From `MADE` of the evaluation rows,
+  no natural repeat explains them: the split was made from training rows (its data held copies when it was split), a
   finding. From `SWAY`, where a setting acts on the metrics, a finding too. Below, a note with the numbers.
 
-Both splits are compared whole, at the cost of hashing them: one 64-bit hash per row and column, computed on the flat
-Arrow values at once, then a sorted membership test, and the rows found compared value for value.
+Both splits are compared whole, at the cost of hashing them: one 64-bit hash per row of the token ids and of the
+targets, computed on the flat Arrow values at once, then a sorted membership test; the rows found are compared value for
+value in every column.
 """
 
 from __future__ import annotations
@@ -116,21 +118,24 @@ def _combined(columns: Sequence[Rows]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Fed:
-    """A split's rows as the model is fed them: the token sequence (the first input), the targets, and the other
-    inputs. The rows are found by the hashes of the sequence and the targets, then compared value for value in every
-    column; the other inputs are read only for the rows found (`others`: values by row, Arrow arrays or lists)."""
+    """A split's rows as the collator is fed them: the token ids of `name` and the targets, hashed; every other
+    column (`others`, values by row: Arrow columns or lists), compared only on the rows found. `shown` holds the
+    targets' values as the data holds them, for the examples."""
 
-    inputs: dict[str, Rows]
-    targets: dict[str, Rows]
+    name: str
+    sequence: Rows
+    targets: dict[str, Rows] = field(default_factory=dict)
     others: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def sequence(self) -> Rows:
-        return next(iter(self.inputs.values()))
+    shown: dict[str, Any] = field(default_factory=dict)
 
     @functools.cached_property
     def row_keys(self) -> np.ndarray:
         return _combined([self.sequence, *self.targets.values()]) if self.targets else self.sequence.hashes
+
+    def tokens(self, row: int) -> int:
+        """The row's tokens that are not padding (its attention mask's, where it has one)."""
+        mask = self.others.get("attention_mask")
+        return int(sum(_plain(mask[row]))) if mask is not None else int(self.sequence.lengths[row])
 
 
 def rows_of(values: Sequence[Sequence[float]] | Sequence[float]) -> Rows:
@@ -144,18 +149,28 @@ def rows_of(values: Sequence[Sequence[float]] | Sequence[float]) -> Rows:
 
 
 def _as_integers(values: np.ndarray) -> np.ndarray:
-    """Whole numbers as int64 (a label 2 and 2.0 alike), and any other as the bits of its float64."""
+    """Whole numbers as int64 (a label 2 and 2.0 alike), any other as the bits of its float32 (what a loss reads:
+    a score stored in float64 in one split and float32 in the other alike)."""
     if np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_:
         return values.astype(np.int64, copy=False)
     as_float = values.astype(np.float64)
     whole = np.isfinite(as_float) & (as_float == np.round(as_float)) & (np.abs(as_float) < 2**53)
-    return np.where(whole, as_float.astype(np.int64), as_float.view(np.int64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        coded = as_float.astype(np.float32).view(np.int32).astype(np.int64) + 2**60  # beyond every whole number kept
+    coded[whole] = as_float[whole].astype(np.int64)
+    return coded
+
+
+def _plain(value: Any) -> Any:
+    """A value of a column by row as Python holds it (an Arrow scalar's)."""
+    return value.as_py() if hasattr(value, "as_py") else value
 
 
 @dataclass(frozen=True)
 class Overlap:
     """Evaluation rows found in training, as (evaluation row, training row) pairs: `leaked`, the whole row;
-    `conflicting`, the inputs only, under other targets. `rows` counts the evaluation rows that are not empty."""
+    `conflicting`, the inputs only, under other targets. `rows` counts the evaluation rows that are not empty, `short`
+    the leaked ones of fewer than `SHORT` tokens."""
 
     leaked: list[tuple[int, int]]
     conflicting: list[tuple[int, int]]
@@ -167,21 +182,22 @@ class Overlap:
         return len(self.leaked) - self.short
 
 
-def _same(evaluation: Fed, training: Fed, row: int, source: int, targets: bool) -> bool:
-    """Whether evaluation `row` holds the inputs (and the `targets`) of training row `source`."""
-    columns = {**evaluation.inputs, **(evaluation.targets if targets else {})}
-    return all(
-        np.array_equal(column.row(row), {**training.inputs, **training.targets}[name].row(source))
-        for name, column in columns.items()
-    ) and all(values[row] == training.others[name][source] for name, values in evaluation.others.items())
-
-
 def _matches(known: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each wanted hash, whether a known one equals it, and the index of such a known row."""
     order = np.argsort(known, kind="stable")
     ordered = known[order]
     at = np.searchsorted(ordered, wanted).clip(max=len(ordered) - 1)
     return ordered[at] == wanted, order[at]
+
+
+def _same(evaluation: Fed, training: Fed, row: int, source: int, targets: bool) -> bool:
+    """Whether evaluation `row` holds the inputs (and the `targets`) of training row `source`, value for value."""
+    hashed = [(evaluation.sequence, training.sequence)]
+    if targets:
+        hashed += [(rows, training.targets[name]) for name, rows in evaluation.targets.items()]
+    return all(np.array_equal(mine.row(row), theirs.row(source)) for mine, theirs in hashed) and all(
+        values[row] == training.others[name][source] for name, values in evaluation.others.items()
+    )
 
 
 def between(training: Fed, evaluation: Fed) -> Overlap:
@@ -203,18 +219,18 @@ def between(training: Fed, evaluation: Fed) -> Overlap:
         for row in np.flatnonzero(present & inputs & ~whole)
         if _same(evaluation, training, int(row), int(inputs_source[row]), targets=False)
     ]
-    short = sum(1 for row, _ in leaked if evaluation.sequence.lengths[row] < SHORT)
+    short = sum(1 for row, _ in leaked if evaluation.tokens(row) < SHORT)
     return Overlap(leaked, conflicting, int(present.sum()), short)
 
 
 # ---- reading the splits --------------------------------------------------------------------------------------------
 
 
-def fed(split: FedSplit, sequence: str, columns: Sequence[str], targets: Sequence[str]) -> Fed | None:
-    """Every row of `split` as fed, over the whole split: the token `sequence`, the `targets`, and the other model
-    inputs among `columns` (an image, pixel values: compared, never hashed), read as stored. None where the rows are
-    computed (a transform, a torch Dataset), or the sequence or a target holds what is no number nor a flat list of
-    numbers, or a null."""
+def fed(split: FedSplit, sequence: str, targets: Sequence[str]) -> Fed | None:
+    """Every row of `split` as its collator is fed them, over the whole split: the token ids of `sequence` and the
+    `targets`, hashed, and every other column it keeps (an image, pixel values: compared, never hashed), read as
+    stored. None where the rows are computed (a transform, a torch Dataset), or the sequence or a target holds what is
+    no number nor a flat list of numbers, or a null."""
     import datasets
 
     dataset = split.dataset
@@ -222,16 +238,21 @@ def fed(split: FedSplit, sequence: str, columns: Sequence[str], targets: Sequenc
         return None
     schema = dataset.features.arrow_schema
     hashed = [sequence, *(name for name in dict.fromkeys(targets) if name in schema.names and name != sequence)]
-    others = [name for name in dict.fromkeys(columns) if name in schema.names and name not in hashed]
     kinds = {name: _kind(schema.field(name).type) for name in hashed}
     if kinds[sequence] != "integers" or None in kinds.values():
         return None
-    table = tables.stored_rows(dataset, None, [*hashed, *others])
+    table = tables.stored_rows(dataset, None, None)
     read = {name: _column(table.column(name).combine_chunks(), kinds[name] != "number") for name in hashed}
     rows = {name: value for name, value in read.items() if value is not None}
     if len(rows) < len(read):
         return None
-    return Fed({sequence: rows.pop(sequence)}, rows, {name: table.column(name) for name in others})
+    return Fed(
+        sequence,
+        rows.pop(sequence),
+        rows,
+        {name: table.column(name) for name in table.column_names if name not in hashed},
+        {name: table.column(name) for name in rows},
+    )
 
 
 def _kind(kind: Any) -> str | None:
@@ -255,9 +276,7 @@ def _column(array: Any, listed: bool) -> Rows | None:
     if listed:
         offsets = array.offsets.to_numpy()
         return Rows(_as_integers(values.to_numpy(zero_copy_only=False)), (offsets - offsets[0]).astype(np.int64))
-    return Rows(
-        _as_integers(values.to_numpy(zero_copy_only=False)), np.arange(len(array) + 1, dtype=np.int64), listed=False
-    )
+    return Rows(_as_integers(values.to_numpy(zero_copy_only=False)), np.arange(len(array) + 1, dtype=np.int64), False)
 
 
 # ---- the verdict ---------------------------------------------------------------------------------------------------
@@ -273,7 +292,7 @@ class Evaluated:
     training_rows: int
     shown: Callable[[int, int], str]
     key: str
-    targets: Sequence[str]
+    targets: Sequence[str] = ()
 
 
 def judge(found: Overlap, split: Evaluated, given_is_training: bool = False) -> list[str]:
@@ -352,6 +371,9 @@ def _repeated(found: Overlap, split: Evaluated, also: list[str]) -> list[str]:
     shown = f"{repeated}, {_examples(found.leaked, split)}"
     if many:
         return [f"{SUMMARY} {shown}: no setting picks a checkpoint by its metrics, which they inflate", *notes]
+    if found.short and len(found.leaked) >= SWAY * found.rows:
+        ending = "natural repeats, short rows that any corpus repeats, too few long ones to sway its metrics"
+        return [f"{shown}: {ending}", *notes]
     return [f"{shown}: natural repeats, too few to sway its metrics", *notes]
 
 
@@ -393,57 +415,59 @@ def check(
 ) -> list[str]:
     """The notes of the rows the evaluation `split` shares with training; a finding where they spoil the run. Its
     rows are read as `train_rows` were (`fed`), which are read and hashed once for every evaluation split."""
+    counted = training.given if hasattr(training.given, "__len__") else ()
     if split.given is training.given:
-        return judge(Overlap([], [], 0, 0), _evaluated(split, acting, training, None, None, decode), True)
+        return judge(Overlap([], [], 0, 0), Evaluated(split.description, acting, len(counted), _nothing, ""), True)
     if train_rows is None:
         return []
-    sequence = next(iter(train_rows.inputs))
-    eval_rows = fed(split, sequence, list(train_rows.others), list(train_rows.targets))
-    if eval_rows is None or [list(eval_rows.targets), list(eval_rows.others)] != [
+    eval_rows = fed(split, train_rows.name, list(train_rows.targets))
+    if eval_rows is None or (list(eval_rows.targets), list(eval_rows.others)) != (
         list(train_rows.targets),
         list(train_rows.others),
-    ]:
+    ):
         return []
     found = between(train_rows, eval_rows)
-    return judge(found, _evaluated(split, acting, training, train_rows, eval_rows, decode))
+    parts = [f"tuple(row[{train_rows.name!r}])"]
+    parts += [f"tuple(row[{name!r}])" if rows.listed else f"row[{name!r}]" for name, rows in train_rows.targets.items()]
+    return judge(
+        found,
+        Evaluated(
+            split.description,
+            acting,
+            len(counted),
+            functools.partial(_example, split.description, eval_rows, train_rows, decode),
+            f"({', '.join(parts)})" if train_rows.targets else parts[0],
+            list(train_rows.targets),
+        ),
+    )
 
 
-def _evaluated(
-    split: FedSplit,
-    acting: Sequence[str],
-    training: FedSplit,
-    train_rows: Fed | None,
-    eval_rows: Fed | None,
-    decode: Callable[[list[int]], str] | None,
-) -> Evaluated:
-    targets = list(train_rows.targets) if train_rows else []
-    sequence = next(iter(train_rows.inputs)) if train_rows else "input_ids"
-
-    def shown(row: int, source: int) -> str:
-        if eval_rows is None:
-            return ""
-        labels = ""
-        if targets:
-            mine, theirs = split.dataset[row][targets[0]], training.dataset[source][targets[0]]
-            labels = f" ({targets[0]} {_short(mine)}" + (")" if mine == theirs else f" against {_short(theirs)})")
-        text = _text(decode, eval_rows.sequence.row(row))
-        return f"{split.description} row {row} = training row {source}{text}{labels}"
-
-    parts = [f"tuple(row[{sequence!r}])"]
-    if train_rows is not None:
-        parts += [
-            f"tuple(row[{name!r}])" if rows.listed else f"row[{name!r}]" for name, rows in train_rows.targets.items()
-        ]
-    key = f"({', '.join(parts)})" if targets else parts[0]
-    counted = training.given if hasattr(training.given, "__len__") else ()
-    return Evaluated(split.description, list(acting), len(counted) or -1, shown, key, targets)
+def _nothing(row: int, source: int) -> str:
+    return ""
 
 
-def _short(value: Any) -> str:
-    """A label as the data holds it, a long list cut short."""
-    if isinstance(value, list) and len(value) > 6:
-        return f"[{', '.join(map(str, value[:6]))}, ...]"
-    return str(value)
+def _example(
+    description: str, evaluation: Fed, training: Fed, decode: Callable[[list[int]], str] | None, row: int, source: int
+) -> str:
+    """An evaluation row and the training row it repeats, in words: its text, and its first target where it reads
+    (one label, or per-token labels where they differ)."""
+    said = f"{description} row {row} = training row {source}{_text(decode, evaluation.sequence.row(row))}"
+    if not evaluation.targets:
+        return said
+    name = next(iter(evaluation.targets))
+    mine, theirs = _plain(evaluation.shown[name][row]), _plain(training.shown[name][source])
+    if not isinstance(mine, list) or not isinstance(theirs, list):
+        return f"{said} ({name} {mine})" if mine == theirs else f"{said} ({name} {mine} against {theirs})"
+    if mine == theirs:
+        return said
+    pairs = zip(mine, theirs, strict=False)
+    differ = next((index for index, (one, other) in enumerate(pairs) if one != other), min(len(mine), len(theirs)))
+    return f"{said} ({name} from token {differ}: {_short(mine[differ:])} against {_short(theirs[differ:])})"
+
+
+def _short(values: list[Any]) -> str:
+    """Per-token labels, cut short."""
+    return f"[{', '.join(map(str, values[:6]))}{', ...' if len(values) > 6 else ''}]"
 
 
 def _text(decode: Callable[[list[int]], str] | None, ids: np.ndarray) -> str:

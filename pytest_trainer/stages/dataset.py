@@ -5,13 +5,11 @@ The checks themselves are in `fed_checks`, shared with the `eval` stage, which r
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
-    from pytest_trainer.fed_data import FedSplit
     from pytest_trainer.pipeline import Pipeline
 
 
@@ -43,26 +41,30 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 
 def _overlaps(pipeline: Pipeline) -> list[str]:
-    """Notes of evaluation rows that are training rows; a finding where they spoil an evaluation split's metrics."""
-    from pytest_trainer import diagnosis, fed_data, metric_settings, overlap
+    """Notes of evaluation rows that are training rows; a finding where they spoil an evaluation split's metrics, which
+    carries the notes of the other splits."""
+    from pytest_trainer import diagnosis, metric_settings, overlap
 
     column = pipeline.task.sequence
     evaluation = [split for split in pipeline.splits if split.description != "training"]
     if column is None or not evaluation:
         return []
     trainer = pipeline.trainer
-    training = pipeline.training
     targets = [*(getattr(trainer, "label_names", None) or ["labels"]), "label", "label_ids", *overlap.SUPERVISION]
-    inputs = [name for name in fed_data.signature_columns(trainer) if name not in targets]
-    train_rows = overlap.fed(training, column, inputs, targets)
+    train_rows = overlap.fed(pipeline.training, column, targets)
     callbacks = list(getattr(getattr(trainer, "callback_handler", None), "callbacks", []))
-    acting = metric_settings.acting(trainer.args, callbacks)
     notes: list[str] = []
-
-    def one(split: FedSplit) -> None:
-        notes.extend(overlap.check(training, train_rows, split, acting, pipeline.decoded))
-
-    diagnosis.findings_last([functools.partial(one, split) for split in evaluation])
+    findings: list[diagnosis.Finding] = []
+    for split in evaluation:
+        acting = metric_settings.acting(trainer.args, callbacks, split.key)
+        try:
+            notes += overlap.check(pipeline.training, train_rows, split, acting, pipeline.decoded)
+        except diagnosis.Finding as finding:
+            findings.append(finding)
+    if findings:
+        found = diagnosis.together(findings)
+        shown = [f"note: {note.removeprefix(overlap.SUMMARY).strip()}" for note in notes]
+        raise diagnosis.Finding(found.cause, found.fix, [*found.details, *shown])
     return notes
 
 

@@ -160,7 +160,7 @@ def test_sentences_tagged_otherwise_pass(project: pytest.Pytester) -> None:
     assert outcomes(result) == {"dataset[cpu]": "PASSED"}
     result.stdout.fnmatch_lines(
         ["evaluation: 40 of the 60 rows of the evaluation dataset (67%) have the input of a training row under other "
-         "labels (e.g. evaluation row 0 = training row 60 * (labels [[]-100, 1, *] against [[]-100, 0, *]); *"]
+         "labels (e.g. evaluation row 0 = training row 60 * (labels from token 1: [[]1, 2, *] against [[]0, 1, *]); *"]
     )  # fmt: skip
 
 
@@ -227,3 +227,91 @@ def test_a_selection_of_the_training_split_evaluated(project: pytest.Pytester, s
     else:
         assert outcomes(result) == {"dataset[cpu]": "PASSED"}
         result.stdout.fnmatch_lines([f"evaluation: {selection}: its metrics measure how well the model fits *"])
+
+
+def test_of_a_dict_of_splits_only_the_one_a_setting_reads_fails(project: pytest.Pytester) -> None:
+    """Watching the fit on the training split beside a held-out split that picks the best checkpoint is correct."""
+    both = (
+        SPLIT_FIRST
+        + """
+    dev = {"train": train, "test": dev}"""
+    )
+    picked_by = (
+        ', eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True, metric_for_best_model={!r}'
+    )
+    result = run_split(project, both, picked_by.format("test_loss"))
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    result.stdout.fnmatch_lines(["evaluation: the evaluation 'train' dataset is the training dataset: its metrics *"])
+    result = run_split(project, both, picked_by.format("train_loss"))
+    assert outcomes(result) == {"dataset[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: the evaluation 'train' dataset is the training dataset, and load_best_model_at_end *"
+        ]
+    )
+
+
+def test_a_finding_keeps_the_notes_of_the_other_splits(project: pytest.Pytester) -> None:
+    splits = (
+        OVERSAMPLED_FIRST
+        + """
+    dev = {"copied": dev, "fit": train.select(range(40))}"""
+    )
+    result = run_split(project, splits)
+    assert outcomes(result) == {"dataset[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: the evaluation 'copied' dataset was made from training rows: *",
+            "  note: every one of the 40 rows of the evaluation 'fit' dataset is a training row *",
+        ]
+    )
+
+
+def test_short_rows_padded_to_a_length_are_still_short(project: pytest.Pytester) -> None:
+    """Greetings repeated in a held-out split, every row padded to 24 tokens: natural repeats, not copies."""
+    padded = """raw = tiny.text_dataset(count=200, seed=3)
+    data = raw.map(lambda batch: tok(batch["text"], padding="max_length", max_length=24, truncation=True),
+                   batched=True, remove_columns=["text"])
+    parts = data.train_test_split(test_size=0.2, seed=0)
+    train, dev = parts["train"], parts["test"]
+    short = train.filter(lambda row: sum(row["attention_mask"]) < 6).select(range(12))
+    dev = concatenate_datasets([dev, short])"""
+    result = run_split(project, padded, BEST)
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    assert any(
+        "12 of them short, under 8 tokens" in note and note.endswith("too few long ones to sway its metrics")
+        for note in dataset_notes(project)
+    ), dataset_notes(project)
+
+
+def test_a_split_in_torch_format_is_compared_as_stored(project: pytest.Pytester) -> None:
+    """Per-token labels that the split gives as tensors: the examples read them as stored."""
+    tagged = """
+    import tiny
+    from datasets import concatenate_datasets
+    from transformers import BertForTokenClassification, DataCollatorForTokenClassification, Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+
+    def tag(batch):
+        encoded = tok(batch["text"], truncation=True)
+        encoded["labels"] = [[-100 if word is None else word % 4 for word in encoded.word_ids(i)]
+                             for i in range(len(batch["text"]))]
+        return encoded
+
+    data = tiny.text_dataset(count=120, seed=5).map(tag, batched=True, remove_columns=["text", "label"])
+    train = data.select(range(80))
+    dev = concatenate_datasets([data.select(range(80, 120)), train.select(range(1))])
+    train.set_format("torch")
+    dev.set_format("torch")
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+    trainer = Trainer(model=BertForTokenClassification(tiny.config(num_labels=4)), args=args, train_dataset=train,
+                      eval_dataset=dev, processing_class=tok, data_collator=DataCollatorForTokenClassification(tok))
+    """
+    write(project, "train.py", tagged)
+    result = run_script(project, "--trainer-stages=dataset", "--trainer-report=report.json")
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    assert any(
+        note.startswith("1 of the 41 rows of the evaluation dataset (2%) are training rows, input and labels alike")
+        for note in dataset_notes(project)
+    ), dataset_notes(project)

@@ -105,3 +105,17 @@ def test_metrics_without_compute_metrics_name_it_as_the_fix() -> None:
             computes_metrics=False,
         )
     assert raised.value.fix == "pass compute_metrics= a function returning {'accuracy': ...}"
+
+
+def test_the_settings_that_act_on_an_evaluation_split() -> None:
+    best = {"load_best_model_at_end": True, "metric_for_best_model": "test_loss"}
+    assert metric_settings.acting(args(**best), []) == ["load_best_model_at_end"]
+    # Of a dict of evaluation splits, only the one metric_for_best_model names is acted on.
+    assert metric_settings.acting(args(**best), [], "test") == ["load_best_model_at_end"]
+    assert metric_settings.acting(args(**best), [], "train") == []
+    assert metric_settings.acting(args(**{**best, "metric_for_best_model": "eval_train_accuracy"}), [], "train") == [
+        "load_best_model_at_end"
+    ]
+    assert metric_settings.acting(args(metric_for_best_model="f1"), []) == ["metric_for_best_model='f1'"]
+    assert metric_settings.acting(args(**best, eval_strategy="no"), []) == []  # it never evaluates
+    assert metric_settings.acting(args(), []) == []

@@ -5,6 +5,7 @@ The end-to-end runs (splits as the Trainer feeds them) are in tests/e2e/test_ove
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,10 +18,15 @@ def rows(*sequences: list[int]) -> overlap.Rows:
     return overlap.rows_of(sequences)
 
 
-def fed(inputs: Sequence[list[int]], **targets: Sequence[object]) -> overlap.Fed:
+def fed(inputs: Sequence[list[int]], others: dict[str, list[object]] | None = None, **targets: Sequence[object]):
+    """A split of these token ids, `others` columns (compared, not hashed) and targets, shown as given."""
     return overlap.Fed(
-        {"input_ids": rows(*inputs)}, {name: overlap.rows_of(values) for name, values in targets.items()}
-    )  # type: ignore[arg-type]
+        "input_ids",
+        rows(*inputs),
+        {name: overlap.rows_of(values) for name, values in targets.items()},  # type: ignore[arg-type]
+        others or {},
+        dict(targets),
+    )
 
 
 def evaluated(acting: Sequence[str] = (), training_rows: int = 1000, targets: Sequence[str] = ("label",)):
@@ -55,6 +61,16 @@ def test_labels_as_numbers_compare_by_value_whatever_their_type() -> None:
     assert overlap.rows_of([1, 2.0, 2.5]).hashes[1] == overlap.rows_of([7, 2, 9]).hashes[1]
     assert overlap.rows_of([2.5]).hashes[0] != overlap.rows_of([2.4]).hashes[0]
     assert overlap.rows_of([[0, 1], [1, 0]]).listed and not overlap.rows_of([0, 1]).listed
+    # A score stored as float64 in one split and float32 in the other is the float32 the loss reads in both.
+    as_float32 = float(np.float32(0.1))
+    assert overlap.rows_of([0.1]).hashes[0] == overlap.rows_of([as_float32]).hashes[0]
+
+
+def test_labels_that_are_not_finite_are_read_without_a_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = overlap._as_integers(np.array([np.nan, np.inf, 1e300, 0.5, -3.0]))
+    assert values[4] == -3 and len(set(values.tolist())) == 4  # 1e300 is float32's inf, as the loss reads it
 
 
 def test_overlap_pairs_each_evaluation_row_with_its_training_row() -> None:
@@ -88,6 +104,37 @@ def test_per_token_and_float_targets_are_part_of_the_row() -> None:
     result = overlap.between(training, evaluation)
     assert result.leaked == [(0, 0)]
     assert result.conflicting == [(1, 1)]
+
+
+def test_other_columns_are_compared_on_the_rows_found() -> None:
+    """The same question and answer over another image is another row."""
+    training = fed([LONG, LONG[1:]], others={"image": ["a.png", "b.png"]}, label=[0, 1])
+    evaluation = fed([LONG, LONG[1:]], others={"image": ["c.png", "b.png"]}, label=[0, 1])
+    assert overlap.between(training, evaluation).leaked == [(1, 1)]
+
+
+def test_short_rows_are_told_by_their_tokens_not_their_padding() -> None:
+    padded = [5, 6, 7, 0, 0, 0, 0, 0, 0, 0]
+    masks = {"attention_mask": [[1, 1, 1] + [0] * 7, [1] * 10]}
+    training = fed([padded, LONG[:10]], others=masks)
+    evaluation = fed([padded, LONG[:10]], others=masks)
+    result = overlap.between(training, evaluation)
+    assert (len(result.leaked), result.short) == (2, 1)
+
+
+def test_the_example_of_per_token_labels_starts_where_they_differ() -> None:
+    training = fed([LONG], labels=[[-100, 0, 1, 2, 3, 0, 1, 2, -100]])
+    evaluation = fed([LONG], labels=[[-100, 0, 1, 3, 3, 0, 1, 2, -100]])
+    said = overlap._example("evaluation", evaluation, training, None, 0, 0)
+    assert (
+        said
+        == "evaluation row 0 = training row 0 (labels from token 3: [3, 3, 0, 1, 2, -100] against [2, 3, 0, 1, 2, -100])"
+    )
+    assert overlap._example("evaluation", training, training, None, 0, 0) == "evaluation row 0 = training row 0"
+    scored = fed([LONG], score=[0.5])
+    assert overlap._example("evaluation", scored, fed([LONG], score=[1.5]), None, 0, 0).endswith(
+        "(score 0.5 against 1.5)"
+    )
 
 
 def test_overlap_over_many_rows_finds_exactly_the_copied_ones() -> None:
@@ -134,8 +181,11 @@ def test_a_split_made_from_training_rows_fails_whatever_the_settings() -> None:
 
 
 def test_short_repeated_rows_do_not_count_towards_a_split_made_from_training() -> None:
-    notes = overlap.judge(found(30, 100, short=25), evaluated())
-    assert notes[0].endswith(": natural repeats, too few to sway its metrics")
+    notes = overlap.judge(found(30, 100, short=25), evaluated(("load_best_model_at_end",)))
+    assert notes[0].startswith("30 of the 100 rows of the evaluation dataset (30%) are training rows, input and label ")
+    assert notes[0].endswith(
+        ": natural repeats, short rows that any corpus repeats, too few long ones to sway its metrics"
+    )
 
 
 def test_repeats_that_sway_a_metric_fail_only_where_a_setting_acts_on_it() -> None:
