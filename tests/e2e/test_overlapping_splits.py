@@ -47,6 +47,14 @@ def dataset_notes(project: pytest.Pytester) -> list[str]:
     return next(item for item in items if item["stage"] == "dataset")["notes"]
 
 
+def passes_with_note(project: pytest.Pytester, script: str, start: str) -> None:
+    """`script`'s dataset item passes, with a note of the JSON report that starts with `start`."""
+    write(project, "train.py", script)
+    result = run_script(project, "--trainer-stages=dataset", "--trainer-report=report.json")
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    assert any(note.startswith(start) for note in dataset_notes(project)), dataset_notes(project)
+
+
 def test_a_split_made_from_oversampled_rows_fails(project: pytest.Pytester) -> None:
     result = run_split(project, OVERSAMPLED_FIRST)
     assert outcomes(result) == {"dataset[cpu]": "FAILED"}
@@ -100,35 +108,41 @@ def test_repeats_that_sway_the_best_checkpoint_fail_where_it_is_picked(project: 
     )
 
 
-def test_the_same_inputs_under_other_scores_pass_with_a_note(project: pytest.Pytester) -> None:
-    """A regression split whose inputs are training inputs, scored otherwise: not rows the model trained on."""
-    rescored = """data = data.map(lambda row: {"label": float(len(row["input_ids"])) / 10})
+#: A regression split whose inputs are training inputs, scored otherwise: not rows the model trained on.
+RESCORED = """data = data.map(lambda row: {"label": float(len(row["input_ids"])) / 10})
     train = data.select(range(150))
     dev = train.select(range(50)).map(lambda row: {"label": row["label"] + 0.5})"""
-    result = run_split(project, rescored, BEST, labels=1)
-    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
-    result.stdout.fnmatch_lines(
-        [
+#: Every evaluation input a training input, rated alike by half the raters and otherwise by the others.
+RATED = """train = data.select(range(150))
+    dev = train.select(range(60)).map(lambda row, index: {"label": (row["label"] + index % 2) % 3}, with_indices=True)"""
+
+
+@pytest.mark.parametrize(
+    ("split", "labels", "note"),
+    [
+        (
+            RESCORED,
+            1,
             "evaluation: 50 of the 50 rows of the evaluation dataset (100%) have the input of a training row under "
             "other label (e.g. evaluation row 0 = training row 0 '[[]CLS[]] *' (label * against *); *): not rows the "
-            "model trained on, since it learns other targets for those inputs than it is scored against"
-        ]
-    )
-
-
-def test_inputs_labelled_by_several_raters_pass_with_a_note(project: pytest.Pytester) -> None:
-    """Every evaluation input is a training input, rated alike by half the raters and otherwise by the others."""
-    rated = """train = data.select(range(150))
-    dev = train.select(range(60)).map(lambda row, index: {"label": (row["label"] + index % 2) % 3}, with_indices=True)"""
-    result = run_split(project, rated, BEST)
-    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
-    result.stdout.fnmatch_lines(
-        [
+            "model trained on, since it learns other targets for those inputs than it is scored against",
+        ),
+        (
+            RATED,
+            3,
             "evaluation: 60 of the 60 rows of the evaluation dataset (100%) have the input of a training row, 30 with "
             "its label and 30 under others (e.g. *): the data labels its inputs several times (several raters or "
-            "annotators) and was split by row, *"
-        ]
-    )
+            "annotators) and was split by row, *",
+        ),
+    ],
+    ids=["rescored", "several-raters"],
+)
+def test_inputs_found_under_other_labels_pass_with_a_note(
+    project: pytest.Pytester, split: str, labels: int, note: str
+) -> None:
+    result = run_split(project, split, BEST, labels=labels)
+    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
+    result.stdout.fnmatch_lines([note])
 
 
 def test_sentences_tagged_otherwise_pass(project: pytest.Pytester) -> None:
@@ -181,13 +195,9 @@ def test_a_language_model_repeating_a_few_texts_passes(project: pytest.Pytester)
     trainer = Trainer(model=BertForMaskedLM(tiny.config()), args=args, train_dataset=train, eval_dataset=dev,
                       processing_class=tok, data_collator=DataCollatorForLanguageModeling(tok))
     """
-    write(project, "train.py", masked)
-    result = run_script(project, "--trainer-stages=dataset", "--trainer-report=report.json")
-    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
-    assert any(
-        note.startswith("2 of the 40 rows of the evaluation dataset (5%) are training rows, token for token as the ")
-        for note in dataset_notes(project)
-    ), dataset_notes(project)
+    passes_with_note(
+        project, masked, "2 of the 40 rows of the evaluation dataset (5%) are training rows, token for token as the "
+    )
 
 
 def test_the_training_split_evaluated_is_shown_and_fails_where_a_setting_acts_on_it(project: pytest.Pytester) -> None:
@@ -308,10 +318,6 @@ def test_a_split_in_torch_format_is_compared_as_stored(project: pytest.Pytester)
     trainer = Trainer(model=BertForTokenClassification(tiny.config(num_labels=4)), args=args, train_dataset=train,
                       eval_dataset=dev, processing_class=tok, data_collator=DataCollatorForTokenClassification(tok))
     """
-    write(project, "train.py", tagged)
-    result = run_script(project, "--trainer-stages=dataset", "--trainer-report=report.json")
-    assert outcomes(result) == {"dataset[cpu]": "PASSED"}
-    assert any(
-        note.startswith("1 of the 41 rows of the evaluation dataset (2%) are training rows, input and labels alike")
-        for note in dataset_notes(project)
-    ), dataset_notes(project)
+    passes_with_note(
+        project, tagged, "1 of the 41 rows of the evaluation dataset (2%) are training rows, input and labels alike"
+    )
