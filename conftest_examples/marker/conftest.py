@@ -54,6 +54,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="session")
 def trainer(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
     tokenizer = build_tokenizer()
+
     def tokenized(reviews: list[tuple[str, int]]) -> Dataset:
         raw = Dataset.from_dict({"text": [text for text, _ in reviews], "label": [label for _, label in reviews]})
         return raw.map(lambda batch: tokenizer(batch["text"]), batched=True, remove_columns=["text"])
