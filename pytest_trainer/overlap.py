@@ -35,7 +35,7 @@ from pytest_trainer import diagnosis, tables
 if TYPE_CHECKING:
     from pytest_trainer.fed_data import FedSplit
 
-#: Rows of fewer fed tokens than this (special tokens included) are generic: they repeat in any corpus.
+#: Rows of fewer tokens than this (special tokens included, padding not) are generic: they repeat in any corpus.
 SHORT = 8
 #: The share of an evaluation split's rows, repeated from training and not short, from which the split was made from
 #: training rows: twice the highest natural rate measured between the splits of real corpora (9.6% of MASSIVE's
