@@ -23,6 +23,18 @@ class TrainerScript(pytest.File):
             yield StageItem.from_parent(self, name=step.name, callobj=check_stage, step=step)
 
 
+class GivenScript(pytest.File):
+    """A training script given to pytest as a test file: never imported (it would train), one collection error that
+    gives the command that tests its pipeline."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        import os
+
+        from pytest_trainer import usage
+
+        raise self.CollectError(usage.script_given(os.path.relpath(self.path, self.config.invocation_params.dir)))
+
+
 def check_stage(trainer_stage: Any) -> None:
     """Run this item's stage; the `trainer_stage` fixture knows which one."""
     __tracebackhide__ = True

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_trainer import devices, options
+from pytest_trainer import devices, options, usage
 from pytest_trainer.diagnosis import ScriptError, TrainerError
-from pytest_trainer.items import StageItem, TrainerScript, stated_failure
+from pytest_trainer.items import GivenScript, StageItem, TrainerScript, stated_failure
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES, Step, cpu_first, plan
 from pytest_trainer.report import summary
 from pytest_trainer.session import ALL, has_session, session_of, start_session
@@ -34,6 +34,12 @@ _NOT_RUN = pytest.StashKey[dict[str, bool]]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.register(parser)
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
+    misspelt = usage.misspelt(args, [option.flag for option in options.OPTIONS])
+    if misspelt:
+        raise pytest.UsageError(misspelt)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,6 +81,10 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Generator[
         if not script.nodeid:  # a script outside the rootdir (an installed library's, say) is named by its file
             script = TrainerScript.from_parent(parent, path=file_path, nodeid=file_path.name)
         return [script]
+    config = parent.config
+    given = {(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args}
+    if file_path.suffix == ".py" and file_path.resolve() in given and usage.training_script(file_path):
+        return [GivenScript.from_parent(parent, path=file_path)]
     return collected
 
 
@@ -167,6 +177,11 @@ class ReportHooks:
         self.report.add(report)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        expression = terminalreporter.config.option.keyword
+        steps = [step for item in terminalreporter.stats.get("deselected", []) if (step := _step_of(item))]
+        if expression and steps and not self.report.by_script():
+            names = [item.name for item in terminalreporter.stats["deselected"] if _step_of(item)]
+            terminalreporter.write_line(usage.deselected(expression, names, [step.stage for step in steps]))
         for title, lines in self.report.terminal_sections():
             terminalreporter.write_sep("-", title)
             for line in lines:  # pieces with pytest's markup: colour as pytest's own lines, --color and NO_COLOR kept

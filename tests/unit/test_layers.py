@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.items",
         "pytest_trainer.session",
         "pytest_trainer.options",
+        "pytest_trainer.usage",
         "pytest_trainer.report",
         "pytest_trainer.report.summary",
         "pytest_trainer.report.html",
@@ -82,7 +83,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #: What each layer holds, for the layer table of CONTRIBUTING.md (docs/generate.py).
 ROLES: tuple[str, ...] = (
     "the public API and the hooks",
-    "the items, the session, the options, the terminal, JSON and HTML reports",
+    "the items, the session, the options, the usage slips, the terminal, JSON and HTML reports",
     "the plan: the items, ordered from the stages' declarations",
     "the registry of stages and the runner of one",
     "one module per stage, and what a stage is",
