@@ -7,6 +7,7 @@ model in its frames' locals) and imports nothing of the pipeline, so running a s
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import types
@@ -363,6 +364,46 @@ def _trl_arguments(match: re.Match[str], error: BaseException) -> Explained | No
         f"args = {wanted}(output_dir=..., ...) with the same settings (it is a TrainingArguments too), and pass "
         f"{name}(..., args=args)",
     )
+
+
+@row(
+    SCRIPT,
+    "a column the dataset does not have",
+    "KeyError: 'sentence' (the script's map or row reading a column of a datasets.Dataset)",
+    r"",
+    "load",
+)
+def _missing_column(match: re.Match[str], error: BaseException) -> Explained | None:
+    key = error.args[0] if isinstance(error, KeyError) and error.args else None
+    if not isinstance(key, str) or _raised_in(error, "/trl/") or not _raised_in(error, "/datasets/"):
+        return None
+    columns = _columns(error)
+    if not columns or key in columns:
+        return None
+    near = difflib.get_close_matches(key, columns, n=1, cutoff=0.5)
+    read = f"read one of its columns ({near[0]!r} is the nearest name)" if near else "read one of its columns"
+    return Explained(
+        f"the dataset has no column {key!r}: its columns are {', '.join(map(repr, columns))}",
+        f"{read} at the script's line above, or rename the column where the data is made: "
+        f"dataset = dataset.rename_column({(near or columns)[0]!r}, {key!r})",
+    )
+
+
+def _columns(error: BaseException) -> list[str] | None:
+    """The columns of the innermost datasets' Dataset, batch or row along the error's traceback."""
+    found = None
+    trace: types.TracebackType | None = error.__traceback__
+    while trace is not None:
+        for value in trace.tb_frame.f_locals.values():
+            if not type(value).__module__.startswith("datasets."):
+                continue
+            names = getattr(value, "column_names", None)
+            if names is None and type(value).__name__ in ("LazyBatch", "LazyRow"):
+                names = list(value.keys())
+            if isinstance(names, list) and all(isinstance(name, str) for name in names):
+                found = names
+        trace = trace.tb_next
+    return found
 
 
 # ---- what the script rows read from the traceback ---------------------------------------------------------------

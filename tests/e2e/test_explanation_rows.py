@@ -154,6 +154,18 @@ def test_stream_without_max_steps_is_explained_and_max_steps_fixes_it(tmp_path: 
     build(max_steps=1)
 
 
+@pytest.mark.parametrize("batched", [True, False], ids=["batch", "row"])
+def test_a_column_the_dataset_does_not_have_names_its_columns_and_the_nearest(batched: bool) -> None:
+    data = Dataset.from_dict({"sentence1": ["a b"], "label": [0]})
+    found = explained(lambda: data.map(lambda rows: {"n": len(rows["sentence"])}, batched=batched))
+    assert found.cause == "the dataset has no column 'sentence': its columns are 'sentence1', 'label'"
+    assert found.fix == (
+        "read one of its columns ('sentence1' is the nearest name) at the script's line above, or rename the column "
+        "where the data is made: dataset = dataset.rename_column('sentence1', 'sentence')"
+    )
+    assert script_rows.explain(raised(lambda: {"a": 1}["sentence"])) is None  # a dict's KeyError, not a dataset's
+
+
 def test_masked_lm_collator_without_a_mask_token_is_explained_and_mlm_false_fixes_it() -> None:
     found = explained(lambda: DataCollatorForLanguageModeling(tokenizer(mask=False)))
     assert "mask token" in found.cause
