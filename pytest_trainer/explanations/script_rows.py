@@ -368,6 +368,29 @@ def _trl_arguments(match: re.Match[str], error: BaseException) -> Explained | No
 
 @row(
     SCRIPT,
+    "a tokenizer without a chat template",
+    "ValueError: Cannot use chat template functions because tokenizer.chat_template is not set and no template "
+    "argument was passed!",
+    r"chat_template is not set",
+    "load",
+)
+def _no_chat_template(match: re.Match[str], error: BaseException) -> Explained:
+    trainer = _local_of_type(error, "self", lambda value: type(value).__name__.endswith("Trainer"))
+    who = type(trainer).__name__ if trainer is not None else "the script"
+    tokenizer = _local_of_type(error, "processing_class", lambda value: hasattr(value, "chat_template"))
+    name = getattr(tokenizer, "name_or_path", "")
+    return Explained(
+        f"{who} renders conversations with the tokenizer's chat template, and the tokenizer"
+        f"{f' of {name}' if name else ''} has none (a base model's tokenizer comes without one)",
+        "use the tokenizer of the instruct model of that family (AutoTokenizer.from_pretrained(<its -Instruct "
+        "checkpoint>)), or copy its template and special tokens: model, tokenizer, _ = "
+        "trl.clone_chat_template(model, tokenizer, <an instruct checkpoint>); tokenizer.chat_template = '...' sets "
+        "one by hand",
+    )
+
+
+@row(
+    SCRIPT,
     "a column the dataset does not have",
     "KeyError: 'sentence' (the script's map or row reading a column of a datasets.Dataset)",
     r"",

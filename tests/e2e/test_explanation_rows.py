@@ -154,6 +154,21 @@ def test_stream_without_max_steps_is_explained_and_max_steps_fixes_it(tmp_path: 
     build(max_steps=1)
 
 
+def test_a_tokenizer_without_a_chat_template_under_trl_is_explained(tmp_path: Path) -> None:
+    tok = tokenizer()
+    tok.chat_template = None
+    data = Dataset.from_dict(
+        {"messages": [[{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c"}]]}
+    )
+    args = trl.SFTConfig(output_dir=str(tmp_path), bf16=False, report_to=[])
+    found = explained(lambda: trl.SFTTrainer(llama(), args=args, train_dataset=data, processing_class=tok))
+    assert found.cause == (
+        "SFTTrainer renders conversations with the tokenizer's chat template, and the tokenizer has none (a base "
+        "model's tokenizer comes without one)"
+    )
+    assert "trl.clone_chat_template(model, tokenizer, <an instruct checkpoint>)" in found.fix
+
+
 @pytest.mark.parametrize("batched", [True, False], ids=["batch", "row"])
 def test_a_column_the_dataset_does_not_have_names_its_columns_and_the_nearest(batched: bool) -> None:
     data = Dataset.from_dict({"sentence1": ["a b"], "label": [0]})
