@@ -391,6 +391,33 @@ def _no_chat_template(match: re.Match[str], error: BaseException) -> Explained:
 
 @row(
     SCRIPT,
+    "a tokenizer without a pad token, asked to pad",
+    "ValueError: Asking to pad but the tokenizer does not have a padding token. Please select a token to use as "
+    "`pad_token` ...",
+    r"Asking to pad but the tokenizer does not have a padding token",
+    "load",
+)
+def _no_pad_token(match: re.Match[str], error: BaseException) -> Explained:
+    tokenizer = _local_of_type(error, "self", lambda value: hasattr(value, "special_tokens_map"), innermost=True)
+    special = dict(getattr(tokenizer, "special_tokens_map", None) or {})
+    listed = ", ".join(f"{name} {value!r}" for name, value in special.items() if isinstance(value, str))
+    extra = [token for token in special.get("additional_special_tokens") or [] if "pad" in str(token).lower()]
+    spare = next(iter(extra), None) or special.get("unk_token")
+    own = (
+        f"tokenizer.pad_token = {spare!r}"
+        if spare
+        else "tokenizer.add_special_tokens({'pad_token': '<pad>'}), then model.resize_token_embeddings(len(tokenizer))"
+    )
+    return Explained(
+        "the script pads with a tokenizer that has no pad token (a causal LM's tokenizer comes without one)"
+        + (f"; its special tokens are {listed}" if listed else ""),
+        f"give it a pad token before the line above, one that is not its end of sequence: {own} (with pad = eos, a "
+        "language-model collator masks every end of sequence out of the labels, and the model never learns to stop)",
+    )
+
+
+@row(
+    SCRIPT,
     "a column the dataset does not have",
     "KeyError: 'sentence' (the script's map or row reading a column of a datasets.Dataset)",
     r"",

@@ -169,6 +169,21 @@ def test_a_tokenizer_without_a_chat_template_under_trl_is_explained(tmp_path: Pa
     assert "trl.clone_chat_template(model, tokenizer, <an instruct checkpoint>)" in found.fix
 
 
+def test_padding_with_a_tokenizer_without_a_pad_token_names_its_special_tokens_and_one_to_pad_with() -> None:
+    tok = tokenizer()
+    tok.pad_token = None
+    found = explained(lambda: tok(["a b", "a"], padding="max_length", max_length=4))
+    assert found.cause == (
+        "the script pads with a tokenizer that has no pad token (a causal LM's tokenizer comes without one); its "
+        "special tokens are eos_token '</s>', unk_token '[UNK]'"
+    )
+    assert found.fix.startswith(
+        "give it a pad token before the line above, one that is not its end of sequence: tokenizer.pad_token = '[UNK]'"
+    )
+    tok.pad_token = "[UNK]"
+    tok(["a b", "a"], padding="max_length", max_length=4)
+
+
 @pytest.mark.parametrize("batched", [True, False], ids=["batch", "row"])
 def test_a_column_the_dataset_does_not_have_names_its_columns_and_the_nearest(batched: bool) -> None:
     data = Dataset.from_dict({"sentence1": ["a b"], "label": [0]})
