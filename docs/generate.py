@@ -2,8 +2,9 @@
 
 A block between `<!-- generated: NAME -->` and `<!-- end generated -->` in a Markdown page of the repository holds the
 table NAME makes from its registry: `options` from `pytest_trainer.options.OPTIONS`, `errors` from the explanation
-table, `layers` from `tests/unit/test_layers.py`. Only those blocks are written; `tests/e2e/test_docs.py` fails when
-one is stale, so a change to a registry comes with its page.
+table, `fallbacks` from the fixes said where no row explains an error, `layers` from `tests/unit/test_layers.py`.
+Only those blocks are written; `tests/e2e/test_docs.py` fails when one is stale, so a change to a registry comes with
+its page.
 """
 
 from __future__ import annotations
@@ -56,6 +57,20 @@ def errors_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def fallbacks() -> str:
+    from pytest_trainer import diagnosis, script_runner
+
+    return (
+        "- a stage's item: `fix: "
+        + diagnosis.UNEXPLAINED_FIX.format(part="<the part>")
+        + "`;\n- the `load` item, where a library raised: `fix: "
+        + script_runner.LIBRARY_FIX.format(library="<the library>")
+        + "`;\n- the `load` item, where the script's own code raised: ``fix: "
+        + script_runner.SCRIPT_FIX.format(script="train.py")
+        + "``.\n"
+    )
+
+
 def layers_table() -> str:
     spec = importlib.util.spec_from_file_location("layers_test", ROOT / "tests" / "unit" / "test_layers.py")
     assert spec is not None and spec.loader is not None
@@ -68,7 +83,12 @@ def layers_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"options": options_table, "errors": errors_table, "layers": layers_table}
+GENERATORS: dict[str, Callable[[], str]] = {
+    "options": options_table,
+    "errors": errors_table,
+    "fallbacks": fallbacks,
+    "layers": layers_table,
+}
 
 
 def rendered(text: str) -> str:

@@ -122,12 +122,16 @@ def owned_by_pipeline(error: BaseException) -> bool:
     return isinstance(error, PipelineFailure) or part_of(error) is not None
 
 
+#: The fix of a library error no explanation row knows, raised while a stage ran a part of the pipeline.
+UNEXPLAINED_FIX = "fix {part} for this batch: the original error and its traceback are below"
+
+
 def raised_by(error: BaseException, part: str) -> PipelineFailure:
     """A library error nothing else explains, with the part of the pipeline that raised it first."""
     message = str(error).strip().splitlines()
     failure = PipelineFailure(
         f"{part} raised {type(error).__name__}: {message[0] if message else '(no message)'}",
-        f"fix {part} for this batch: the original error and its traceback are below",
+        UNEXPLAINED_FIX.format(part=part),
     )
     failure.unexplained = True
     return failure

@@ -318,19 +318,22 @@ def _keep_importable(module: types.ModuleType, name: str) -> None:
             pending.extend(member for member in vars(value).values() if isinstance(member, (type, types.FunctionType)))
 
 
+#: The fix of an error no explanation row knows, raised while the script built its Trainer: in the script's own code,
+#: or in a library the script's line called.
+SCRIPT_FIX = "fix the script at the line above, so that `python {script}` gets as far as trainer.train()"
+LIBRARY_FIX = (
+    "the message comes from {library}, called by the script's line above while it built its objects: change what "
+    "that line passes, as the message says"
+)
+
+
 def _raised(script: Path, error: Exception) -> ScriptError:
     """An error nothing explains: the raiser's own message first, then where the script called it."""
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     message = "\n    ".join(lines[:MESSAGE_LINES]) + (" ..." if len(lines) > MESSAGE_LINES else "") or "(no message)"
     where = _script_frame(script, error)
     library = _library_of(error)
-    if library is None:
-        fix = f"fix the script at the line above, so that `python {script.name}` gets as far as trainer.train()"
-    else:
-        fix = (
-            f"the message comes from {library}, called by the script's line above while it built its objects: "
-            "change what that line passes, as the message says"
-        )
+    fix = SCRIPT_FIX.format(script=script.name) if library is None else LIBRARY_FIX.format(library=library)
     found = ScriptError(script, f"{type(error).__name__}: {message}", fix, where)
     found.unexplained = True  # counted in the report, so that the table of explained errors can grow
     return found
