@@ -11,6 +11,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.explanations import script_rows
 from pytest_trainer.explanations.registry import PIPELINE, Explained, Found, first, row
 
 if TYPE_CHECKING:
@@ -111,6 +112,24 @@ def _stored_values(facts: Pipeline, column: str, rows: int = 8) -> list[Any]:
 
 
 # ---- pipeline rows ----------------------------------------------------------------------------------------------
+
+
+@row(
+    PIPELINE,
+    "a tensor on another device than the batch",
+    "RuntimeError: Expected all tensors to be on the same device, but got weight is on cpu, different from other "
+    "tensors on cuda:0 (when checking argument for argument weight in method wrapper_CUDA_nll_loss_forward)",
+    script_rows.DEVICES_MET,
+    "forward",
+)
+def _device_mismatch(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    return script_rows.placement(error)
+
+
+@row(PIPELINE, "CUDA asked for in the pipeline on a machine without a GPU",
+     "AssertionError: Torch not compiled with CUDA enabled", script_rows.NO_CUDA, "collate")  # fmt: skip
+def _cuda_asked(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    return script_rows.cuda_asked(error)
 
 
 @row(

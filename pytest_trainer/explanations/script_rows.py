@@ -8,6 +8,7 @@ model in its frames' locals) and imports nothing of the pipeline, so running a s
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 import re
 import types
@@ -454,6 +455,126 @@ def _columns(error: BaseException) -> list[str] | None:
                 found = names
         trace = trace.tb_next
     return found
+
+
+# ---- devices: a tensor on another device than the batch, CUDA asked for on a machine without it --------------------
+
+#: What torch says where one operation meets tensors on two devices: CUDA's words, then another device's (meta's).
+DEVICES_MET = (
+    r"Expected all tensors to be on the same device|is not on the expected device"
+    r"|indices should be either on cpu or on the same device"
+)
+#: What torch says where the script asks for CUDA, or pinned memory, on a machine without a GPU.
+NO_CUDA = (
+    r"Torch not compiled with CUDA enabled|Found no NVIDIA driver|No CUDA GPUs are available|Cannot access accelerator"
+)
+
+
+def placement(error: BaseException) -> Explained | None:
+    """The tensor of the user's code on another device than what it meets, its line and the line that made it."""
+    import torch
+
+    message = str(error)
+    found = re.search(
+        r"other tensors on ([\w:]+)|on the expected device ([\w:]+)|same device as the indexed tensor \(([\w:]+)\)",
+        message,
+    )
+    frame = _users_frame(error)
+    if found is None or frame is None:
+        return None
+    expected = torch.device(next(group for group in found.groups() if group))
+    off, reference = _off_device(frame.f_locals, expected)
+    if not off:
+        return None
+    name, device = off[0]
+    where = f"{_file_name(frame)}:{frame.f_lineno}"
+    made = _made_at(frame.f_code.co_filename, name.removeprefix("self."))
+    return Explained(
+        f"{name} is on {device}, and what it meets at {where} is on {expected}: a tensor made on one device (or with "
+        "none, which is the CPU) where the model and the batch are on another"
+        + (f"; {name} is made at {made}" if made else ""),
+        f"put it where it is used on the device of what it meets: {name}.to({reference or 'model'}.device); a tensor "
+        "every step needs is better a buffer of the model (model.register_buffer(...)), which the Trainer moves "
+        "with the model",
+    )
+
+
+def cuda_asked(error: BaseException) -> Explained | None:
+    """The user's line that asks for CUDA (or pinned memory) on a machine without a GPU."""
+    frame = _users_frame(error)
+    if frame is None:
+        return None
+    import linecache
+
+    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    pinned = "accelerator" in str(error)
+    return Explained(
+        f"the script's {'pinned memory needs' if pinned else 'code puts a tensor or the model on'} a GPU at "
+        f"{_file_name(frame)}:{frame.f_lineno} (`{text}`), and this machine has none",
+        "leave the devices to the Trainer, which moves the model and each batch: drop "
+        + ("the .pin_memory() (dataloader_pin_memory=True pins where a GPU is)" if pinned else "the .cuda() or "
+           "device='cuda'")
+        + ", or take the device from what the tensor meets (tensor.to(logits.device), model.device)",
+    )  # fmt: skip
+
+
+@row(SCRIPT, "CUDA asked for on a machine without a GPU", "AssertionError: Torch not compiled with CUDA enabled",
+     NO_CUDA, "load")  # fmt: skip
+def _cuda_asked(match: re.Match[str], error: BaseException) -> Explained | None:
+    return cuda_asked(error)
+
+
+def _users_frame(error: BaseException) -> types.FrameType | None:
+    """The innermost frame of the user's own code along the error's traceback."""
+    from pytest_trainer import frames
+
+    found = None
+    trace: types.TracebackType | None = error.__traceback__
+    while trace is not None:
+        if frames.is_users(trace.tb_frame.f_code.co_filename):
+            found = trace.tb_frame
+        trace = trace.tb_next
+    return found
+
+
+def _file_name(frame: types.FrameType) -> str:
+    from pathlib import Path
+
+    return Path(frame.f_code.co_filename).name
+
+
+def _off_device(local: dict[str, Any], expected: Any) -> tuple[list[tuple[str, str]], str | None]:
+    """The tensors (and modules) among a frame's locals and its `self`'s attributes on another device than
+    `expected`, by name, and the name of one local tensor on `expected` (what they meet)."""
+    import torch
+
+    def device_of(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.device
+        if isinstance(value, torch.nn.Module):
+            held = next(itertools.chain(value.parameters(), value.buffers()), None)
+            return held.device if held is not None else None
+        return None
+
+    named = [(name, value) for name, value in local.items() if name != "self"]
+    owner = local.get("self")
+    if owner is not None and not isinstance(owner, torch.nn.Module):
+        named += [(f"self.{name}", value) for name, value in vars(owner).items() if name != "model"]
+    off = [(name, str(device)) for name, value in named if (device := device_of(value)) not in (None, expected)]
+    met = [name for name, value in named if isinstance(value, torch.Tensor) and value.device == expected]
+    return off, next((name for name in met if "logits" in name), next(iter(met), None))
+
+
+def _made_at(path: str, name: str) -> str | None:
+    """Where the script's file assigns `name` first: `file:line` and the line."""
+    import linecache
+    from pathlib import Path
+
+    assigned = re.compile(rf"^\s*(self\.)?{re.escape(name)}\s*=[^=]")
+    for number, line in enumerate(linecache.getlines(path), start=1):
+        if assigned.search(line):
+            return f"{Path(path).name}:{number} (`{line.strip()}`)"
+    return None
 
 
 # ---- what the script rows read from the traceback ---------------------------------------------------------------

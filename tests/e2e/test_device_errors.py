@@ -1,0 +1,88 @@
+"""Errors of tensors on two devices, and of CUDA asked for on a machine without it, named at their cause: the tensor,
+its device, the line that meets it with the batch, the line that made it, and the fix. A CPU meets the same family
+of errors through a second device, `meta`, that a GPU machine meets between the CPU and CUDA."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import GOOD_SCRIPT, outcomes, run_script, write
+
+#: A Trainer subclass weighting its loss by class, the weights made on `{device}` and used as `{used}`.
+WEIGHTED = """
+    import torch
+    import tiny
+    from transformers import Trainer, TrainingArguments
+
+
+    class WeightedTrainer(Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.class_weights = torch.tensor([1.0, 2.0, 1.0], device={device!r})
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            logits = outputs.logits
+            loss = torch.nn.functional.cross_entropy(logits, labels, weight={used})
+            return (loss, outputs) if return_outputs else loss
+
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(), tok)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+    trainer = WeightedTrainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+"""
+
+
+def test_weights_on_another_device_than_the_batch_name_the_tensor_its_lines_and_the_fix(
+    project: pytest.Pytester,
+) -> None:
+    write(project, "train.py", WEIGHTED.format(device="meta", used="self.class_weights"))
+    result = run_script(project, "--trainer-stages=forward")
+    assert outcomes(result) == {"forward[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "forward[[]cpu[]] failed: self.class_weights is on meta, and what it meets at train.py:16 is on cpu: a "
+            "tensor made on one device (or with none, which is the CPU) where the model and the batch are on another; "
+            "self.class_weights is made at train.py:10 (`self.class_weights = torch.tensor([[]1.0, 2.0, 1.0[]], "
+            "device='meta')`)",
+            "  fix: put it where it is used on the device of what it meets: self.class_weights.to(logits.device); a "
+            "tensor every step needs is better a buffer of the model (model.register_buffer(...)), which the Trainer "
+            "moves with the model",
+        ]
+    )
+
+
+def test_weights_moved_where_they_are_used_pass(project: pytest.Pytester) -> None:
+    write(project, "train.py", WEIGHTED.format(device="cpu", used="self.class_weights.to(logits.device)"))
+    assert outcomes(run_script(project, "--trainer-stages=forward")) == {"forward[cpu]": "PASSED"}
+
+
+def test_a_collator_that_moves_its_batch_to_cuda_is_named_on_a_machine_without_one(project: pytest.Pytester) -> None:
+    script = GOOD_SCRIPT.replace(
+        "args = TrainingArguments(",
+        "from transformers import DataCollatorWithPadding\n"
+        "    pad = DataCollatorWithPadding(tok)\n"
+        "    collate = lambda rows: {name: value.cuda() for name, value in pad(rows).items()}\n"
+        "    args = TrainingArguments(",
+    ).replace("processing_class=tok)", "processing_class=tok, data_collator=collate)")
+    write(project, "train.py", script)
+    result = run_script(project, "--trainer-stages=collate")
+    assert outcomes(result) == {"collate[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: the script's code puts a tensor or the model on a GPU at train.py:9 (`collate = "
+            "lambda rows: {name: value.cuda() for name, value in pad(rows).items()}`), and this machine has none",
+            "  fix: leave the devices to the Trainer, which moves the model and each batch: drop the .cuda() or "
+            "device='cuda', or take the device from what the tensor meets (tensor.to(logits.device), model.device)",
+        ]
+    )
+
+
+def test_a_script_that_moves_its_model_to_cuda_is_named_at_load(project: pytest.Pytester) -> None:
+    write(project, "train.py", GOOD_SCRIPT.replace("model=tiny.classifier()", "model=tiny.classifier().cuda()"))
+    result = run_script(project, "--trainer-stages=load")
+    result.stdout.fnmatch_lines(
+        ["load[[]cpu[]] failed: train.py: the script's code puts a tensor or the model on a GPU at train.py:8 *"]
+    )
