@@ -105,20 +105,32 @@ def died_first(unfinished: list[dict[str, Any]], exits: dict[int, int]) -> dict[
 
 
 def different_data(ranks: Ranks) -> diagnosis.PipelineFailure | None:
-    """The ranks built different rows, label maps or epochs; None when they agree (or too few recorded it)."""
+    """The ranks built different rows, tokenizers, label maps or epochs; None when they agree (or too few recorded
+    it). The first row that differs is shown value by value where both ranks recorded it."""
     built = [(record["rank"], record["data"]) for record in ranks.records if record.get("data")]
     if len(built) < 2:
         return None
     (first, reference), differing = built[0], []
+    tokenizers = None
     for rank, data in built[1:]:
+        mine, theirs = reference.get("tokenizer"), data.get("tokenizer")
+        if mine and theirs and mine["digest"] != theirs["digest"] and tokenizers is None:
+            tokenizers = (
+                f"the tokenizer: rank {first} has a vocabulary of {mine['size']} tokens, rank {rank} one of "
+                f"{theirs['size']}, with other ids"
+            )
+            differing.append(tokenizers)
         for name, split in reference["splits"].items():
             other = data["splits"].get(name)
             if other is None or other["rows"] != split["rows"] or other["digest"] != split["digest"]:
                 shown = other or {"rows": "none", "first": ""}
+                row = first_difference((first, split), (rank, other or {}))
+                firsts = ("", "") if row else (f", first {split['first']}", f", first {shown['first']}")
                 differing.append(
-                    f"the {name} split: rank {first} built {split['rows']} rows, first {split['first']}; "
-                    f"rank {rank} built {shown['rows']} rows, first {shown['first']}"
+                    f"the {name} split: rank {first} built {split['rows']} rows{firsts[0]}; "
+                    f"rank {rank} built {shown['rows']} rows{firsts[1]}"
                 )
+                differing += row
         for key, value in reference["labels"].items():
             if data["labels"].get(key) != value:
                 differing.append(
@@ -132,17 +144,55 @@ def different_data(ranks: Ranks) -> diagnosis.PipelineFailure | None:
             )
     if not differing:
         return None
+    if tokenizers is not None:
+        return diagnosis.PipelineFailure(
+            f"the {len(built)} processes built different tokenizers from the same script ({tokenizers}): a "
+            "tokenizer or vocabulary built at start-up (trained with the tokenizers library, or a vocabulary made "
+            "from a set of words) comes out different in each process, and so does every row tokenized with it",
+            "build the tokenizer once, save it (tokenizer.save_pretrained('tokenizer')) and load it in the script "
+            "(AutoTokenizer.from_pretrained('tokenizer')); where it must be built at start-up, build it from sorted "
+            "words (sorted(set(words))) so every process gets the same ids",
+            differing,
+        )
     return diagnosis.PipelineFailure(
         f"the {len(built)} processes built different data from the same script ({differing[0].split(':')[0]}): each "
         "rank runs the script in a fresh interpreter, and something in it differs between two: randomness drawn "
         "before the Trainer seeds it (a split or shuffle made before Trainer(...) is built: each process of a "
-        "torchrun job starts from its own random state), or the order of a set of strings, which changes with "
-        "each interpreter's hash seed",
+        "torchrun job starts from its own random state), the order of a set of strings, which changes with "
+        "each interpreter's hash seed, or a tokenizer or vocabulary built at start-up",
         "make the data the same in every process: seed shuffles and splits (dataset.shuffle(seed=42), "
         "train_test_split(seed=42)), call set_seed(...) before building it, and sort a set before making a label "
-        "map from it (sorted(set(labels)))",
+        "map or a vocabulary from it (sorted(set(labels)))",
         differing,
     )
+
+
+def first_difference(one: tuple[int, dict[str, Any]], other: tuple[int, dict[str, Any]]) -> list[str]:
+    """The first row of a split that two ranks built differently, column by column where both recorded its values
+    (for a list, from the first position where they differ); nothing where they did not record them."""
+    (rank, split), (peer, theirs) = one, other
+    pairs = list(zip(split.get("digests") or [], theirs.get("digests") or [], strict=False))
+    index = next((index for index, (mine, their) in enumerate(pairs) if mine != their), None)
+    if index is None:
+        return []
+    shown, seen = split.get("shown") or [], theirs.get("shown") or []
+    if index >= min(len(shown), len(seen)):
+        return []
+    lines = [f"  the first row that differs, row {index} of the rows read:"]
+    for column, value in shown[index].items():
+        their = seen[index].get(column)
+        if value == their:
+            continue
+        if isinstance(value, list) and isinstance(their, list):
+            paired = enumerate(zip(value, their, strict=False))
+            start = next((at for at, (a, b) in paired if a != b), min(len(value), len(their)))
+            lines.append(
+                f"    {column} from position {start}: rank {rank} {value[start : start + 12]}, rank {peer} "
+                f"{their[start : start + 12]}"
+            )
+        else:
+            lines.append(f"    {column}: rank {rank} {value!r}, rank {peer} {their!r}")
+    return lines
 
 
 def findings(pipeline: Pipeline, ranks: Ranks, job: Job) -> list[str]:

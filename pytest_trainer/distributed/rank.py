@@ -37,6 +37,10 @@ from pytest_trainer.script_runner import SCRIPT_SEED, Sandbox, load_trainer
 
 #: Rows of a split whose digest is compared between ranks (spread over the split), and rows counted of a stream.
 DIGEST_ROWS = 512
+#: Rows of each split a rank records value by value, so that the first row two ranks built differently can be shown.
+SHOWN_ROWS = 8
+#: Values of a row's column recorded at most.
+SHOWN_VALUES = 48
 COUNT_ROWS = 100_000
 #: What a failure inside the Trainer's training loop names.
 TRAINING = "the Trainer's training loop under torch.distributed (its DDP-wrapped model, dataloader and optimizer)"
@@ -115,6 +119,7 @@ def data_facts(trainer: Any) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "splits": {name: split_facts(split) for name, split in splits.items() if split is not None},
         "labels": {key: str(config.get(key)) for key in ("id2label", "label2id", "num_labels") if key in config},
+        "tokenizer": tokenizer_facts(getattr(trainer, "processing_class", None)),
     }
     with diagnosis.pipeline_part("the Trainer's train dataloader"):
         try:
@@ -136,7 +141,23 @@ def split_facts(split: Any) -> dict[str, Any]:
         else:
             step = max(1, length // DIGEST_ROWS)
             rows = [stored[index] for index in range(0, length, step)][:DIGEST_ROWS]
-    return {"rows": length, "digest": digest(rows), "first": _shown(rows[0]) if rows else ""}
+    return {
+        "rows": length,
+        "digest": digest(rows),
+        "first": _shown(rows[0]) if rows else "",
+        "digests": [digest(row) for row in rows],
+        "shown": [_values(row) for row in rows[:SHOWN_ROWS]],
+    }
+
+
+def tokenizer_facts(processing: Any) -> dict[str, Any] | None:
+    """The tokenizer's vocabulary, as a size and a digest of its (token, id) pairs; None without a tokenizer."""
+    tokenizer = getattr(processing, "tokenizer", processing)
+    vocabulary = getattr(tokenizer, "get_vocab", None)
+    if not callable(vocabulary):
+        return None
+    pairs = sorted(vocabulary().items())
+    return {"size": len(pairs), "digest": digest("\n".join(f"{token}\t{index}" for token, index in pairs))}
 
 
 def train(trainer: Any, steps: int, record: Record, output_dir: Path) -> list[str]:
@@ -344,6 +365,21 @@ def _feed(hasher: Any, value: Any) -> None:
         _feed(hasher, value.detach().cpu().numpy())
     else:
         hasher.update(type(value).__name__.encode())
+
+
+def _values(row: Any) -> dict[str, Any]:
+    """A row's columns as JSON can hold them: numbers and lists of numbers (cut to SHOWN_VALUES), others as text."""
+    if not isinstance(row, dict):
+        return {"row": _shown(row)}
+    values: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, (int, float, bool, str)) or value is None:
+            values[str(key)] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(item, (int, float)) for item in value):
+            values[str(key)] = list(value[:SHOWN_VALUES])
+        else:
+            values[str(key)] = _shown(value)
+    return values
 
 
 def _shown(row: Any, width: int = 120) -> str:

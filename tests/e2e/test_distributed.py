@@ -310,6 +310,37 @@ def test_each_process_starts_from_its_own_random_state(project: pytest.Pytester,
         assert "the 2 processes built different data from the same script (the train split" in failure(result)
 
 
+#: A word-level tokenizer whose vocabulary is made at start-up from a set of words: its ids follow the set's order,
+#: which each interpreter's hash seed changes (sorted, every process gets the same ids).
+VOCABULARY_AT_START = """
+    import tiny
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Trainer, TrainingArguments
+
+    texts = tiny.sentences(40)
+    words = {order}(set(" ".join(texts).split()))
+    vocab = {{word: index for index, word in enumerate(["[PAD]", "[UNK]", *words])}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]")
+    data = tiny.tokenized(tiny.text_dataset(40), tok)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+    trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+"""
+
+
+@pytest.mark.parametrize(("order", "outcome"), [("list", "FAILED"), ("sorted", "PASSED")], ids=["set", "sorted"])
+def test_a_vocabulary_made_at_start_up_is_named(project: pytest.Pytester, order: str, outcome: str) -> None:
+    write(project, "train.py", VOCABULARY_AT_START.format(order=order))
+    result = run_distributed(project)
+    assert outcomes(result) == {"distributed[cpu]": outcome}, result.stdout.str()[-3000:]
+    if outcome == "FAILED":
+        assert "the 2 processes built different tokenizers from the same script (the tokenizer: rank 0 has a " in (
+            failure(result)
+        )
+
+
 def test_a_rank_that_hangs_is_named_and_never_hangs_the_session(project: pytest.Pytester) -> None:
     write(
         project,

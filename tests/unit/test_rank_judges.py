@@ -156,6 +156,26 @@ def test_ranks_that_built_different_splits_are_named_first() -> None:
     assert cause(judges.why_stopped(ranks, 2)) == first  # it comes before anything else the job shows
 
 
+def test_the_first_row_ranks_built_differently_is_shown_value_by_value() -> None:
+    found = judges.different_data(ranks_of("rank_different_data"))
+    at = found.details.index("  the first row that differs, row 0 of the rows read:")
+    assert found.details[at - 1].startswith("the train split: rank 0 built 30 rows; rank 1 built 30 rows")
+    assert re.fullmatch(r"    input_ids from position \d+: rank 0 \[.*\], rank 1 \[.*\]", found.details[at + 2])
+
+
+def test_ranks_that_built_different_tokenizers_are_named_with_their_cause() -> None:
+    """rank_good, its rank 1 recording another vocabulary (as a tokenizer trained at start-up does)."""
+    ranks = ranks_of("rank_good")
+    ranks.records[1]["data"]["tokenizer"] = {"size": 25, "digest": "another"}
+    found = judges.different_data(ranks)
+    size = ranks.records[0]["data"]["tokenizer"]["size"]
+    assert cause(found).startswith(
+        f"the 2 processes built different tokenizers from the same script (the tokenizer: rank 0 has a vocabulary of "
+        f"{size} tokens, rank 1 one of 25, with other ids): a tokenizer or vocabulary built at start-up"
+    )
+    assert "tokenizer.save_pretrained('tokenizer')" in found.fix
+
+
 def test_ranks_that_built_the_same_data_raise_no_alarm() -> None:
     """rank_good: both ranks digest the same rows, label maps and batches per epoch."""
     assert judges.different_data(ranks_of("rank_good")) is None
