@@ -86,3 +86,47 @@ def test_a_script_that_moves_its_model_to_cuda_is_named_at_load(project: pytest.
     result.stdout.fnmatch_lines(
         ["load[[]cpu[]] failed: train.py: the script's code puts a tensor or the model on a GPU at train.py:8 *"]
     )
+
+
+def test_a_collator_that_pins_its_batch_is_named_on_a_machine_without_a_gpu(project: pytest.Pytester) -> None:
+    script = GOOD_SCRIPT.replace(
+        "args = TrainingArguments(",
+        "from transformers import DataCollatorWithPadding\n"
+        "    pad = DataCollatorWithPadding(tok)\n"
+        "    collate = lambda rows: {name: value.pin_memory() for name, value in pad(rows).items()}\n"
+        "    args = TrainingArguments(",
+    ).replace("processing_class=tok)", "processing_class=tok, data_collator=collate)")
+    write(project, "train.py", script)
+    result = run_script(project, "--trainer-stages=collate")
+    assert outcomes(result) == {"collate[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: the script's pinned memory needs a GPU at train.py:9 (`collate = *`), and this "
+            "machine has none",
+            "  fix: leave the devices to the Trainer, which moves the model and each batch: drop the .pin_memory() "
+            "(dataloader_pin_memory=True pins where a GPU is), *",
+        ]
+    )
+
+
+def test_an_index_on_another_device_than_the_tensor_it_indexes_is_named() -> None:
+    """torch's words for a CPU tensor indexed by a CUDA tensor, met here with the index on meta."""
+    import torch
+
+    from pytest_trainer.explanations import script_rows
+
+    def pick(values: torch.Tensor) -> torch.Tensor:
+        chosen = torch.zeros(2, dtype=torch.long, device="meta")
+        if chosen.device != values.device:  # what CUDA raises here; meta indexes the CPU without a word
+            raise RuntimeError(
+                f"indices should be either on cpu or on the same device as the indexed tensor ({values.device})"
+            )
+        return values[chosen]
+
+    try:
+        pick(torch.randn(3))
+    except RuntimeError as error:
+        found = script_rows.placement(error)
+    assert found is not None
+    assert found.cause.startswith("chosen is on meta, and what it meets at test_device_errors.py:")
+    assert found.fix.startswith("put it where it is used on the device of what it meets: chosen.to(values.device)")
