@@ -126,6 +126,18 @@ def _device_mismatch(match: re.Match[str], error: BaseException, facts: Pipeline
     return script_rows.placement(error)
 
 
+@row(
+    PIPELINE,
+    "audio at another sampling rate than the feature extractor's, in a transform or a collator",
+    "ValueError: The model corresponding to this feature extractor: ... was trained using a sampling rate of 16000. "
+    "Please make sure that the provided `raw_speech` input was sampled with 16000 and not 44100.",
+    script_rows.SAMPLING_RATE,
+    "collate",
+)
+def _sampling_rate(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    return script_rows.sampling_rate(match)
+
+
 @row(PIPELINE, "CUDA asked for in the pipeline on a machine without a GPU",
      "AssertionError: Torch not compiled with CUDA enabled", script_rows.NO_CUDA, "collate")  # fmt: skip
 def _cuda_asked(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:

@@ -417,6 +417,37 @@ def _no_pad_token(match: re.Match[str], error: BaseException) -> Explained:
     )
 
 
+#: What a feature extractor says of audio at another rate than its own: its rate, then the audio's.
+SAMPLING_RATE = (
+    r"was trained using a sampling rate of (\d+)\. Please make sure that the provided `?\w+`? input was sampled "
+    r"with \d+ and not (\d+)"
+)
+
+
+@row(
+    SCRIPT,
+    "audio at another sampling rate than the feature extractor's",
+    "ValueError: The model corresponding to this feature extractor: WhisperFeatureExtractor was trained using a "
+    "sampling rate of 16000. Please make sure that the provided `raw_speech` input was sampled with 16000 and not "
+    "8000.",
+    SAMPLING_RATE,
+    "load",
+)
+def _sampling_rate(match: re.Match[str], error: BaseException) -> Explained:
+    return sampling_rate(match)
+
+
+def sampling_rate(match: re.Match[str]) -> Explained:
+    """Audio at another rate than the feature extractor's, from the rates its message gives."""
+    wanted, given = match.group(1), match.group(2)
+    return Explained(
+        f"the audio is sampled at {given} Hz, and the feature extractor reads audio sampled at {wanted} Hz: at "
+        "another rate, every sound it hears is stretched or squeezed",
+        f"resample the audio column before the line above: dataset = dataset.cast_column('audio', "
+        f"datasets.Audio(sampling_rate={wanted})), then pass sampling_rate={wanted} to the feature extractor",
+    )
+
+
 @row(
     SCRIPT,
     "a column the dataset does not have",

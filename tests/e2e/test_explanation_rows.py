@@ -184,6 +184,19 @@ def test_padding_with_a_tokenizer_without_a_pad_token_names_its_special_tokens_a
     tok(["a b", "a"], padding="max_length", max_length=4)
 
 
+def test_audio_at_another_sampling_rate_names_both_rates_and_the_resampling() -> None:
+    import numpy as np
+    from transformers import WhisperFeatureExtractor
+
+    extractor = WhisperFeatureExtractor()
+    found = explained(lambda: extractor(np.zeros(8000), sampling_rate=8000))
+    assert found.cause.startswith(
+        "the audio is sampled at 8000 Hz, and the feature extractor reads audio sampled at 16000 Hz"
+    )
+    assert "cast_column('audio', datasets.Audio(sampling_rate=16000))" in found.fix
+    extractor(np.zeros(16000), sampling_rate=16000)
+
+
 @pytest.mark.parametrize("batched", [True, False], ids=["batch", "row"])
 def test_a_column_the_dataset_does_not_have_names_its_columns_and_the_nearest(batched: bool) -> None:
     data = Dataset.from_dict({"sentence1": ["a b"], "label": [0]})
