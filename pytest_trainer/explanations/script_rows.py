@@ -589,7 +589,7 @@ def _off_device(local: dict[str, Any], expected: Any) -> tuple[list[tuple[str, s
 
     named = [(name, value) for name, value in local.items() if name != "self"]
     owner = local.get("self")
-    if owner is not None and not isinstance(owner, torch.nn.Module):
+    if owner is not None and hasattr(owner, "__dict__"):  # a Trainer's, or a model's tensor not made a buffer
         named += [(f"self.{name}", value) for name, value in vars(owner).items() if name != "model"]
     off = [(name, str(device)) for name, value in named if (device := device_of(value)) not in (None, expected)]
     met = [name for name, value in named if isinstance(value, torch.Tensor) and value.device == expected]

@@ -130,3 +130,31 @@ def test_an_index_on_another_device_than_the_tensor_it_indexes_is_named() -> Non
     assert found is not None
     assert found.cause.startswith("chosen is on meta, and what it meets at test_device_errors.py:")
     assert found.fix.startswith("put it where it is used on the device of what it meets: chosen.to(values.device)")
+
+
+def test_a_model_s_tensor_that_is_no_buffer_is_named(project: pytest.Pytester) -> None:
+    """A tensor a model keeps as a plain attribute does not move with the model, as a buffer would."""
+    scaled = GOOD_SCRIPT.replace(
+        "args = TrainingArguments(",
+        "import torch\n\n"
+        "    class Scaled(tiny.BertForSequenceClassification):\n"
+        "        def __init__(self, config):\n"
+        "            super().__init__(config)\n"
+        "            self.scale = torch.ones(config.num_labels, device='meta')\n\n"
+        "        def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None):\n"
+        "            outputs = super().forward(input_ids, attention_mask, token_type_ids, labels=labels)\n"
+        "            outputs.logits = outputs.logits * self.scale\n"
+        "            return outputs\n\n"
+        "    args = TrainingArguments(",
+    ).replace("model=tiny.classifier()", "model=Scaled(tiny.config())")
+    write(project, "train.py", scaled)
+    result = run_script(project, "--trainer-stages=forward")
+    assert outcomes(result) == {"forward[cpu]": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "forward[[]cpu[]] failed: self.scale is on meta, and what it meets at train.py:* is on cpu: * self.scale "
+            "is made at train.py:* (`self.scale = torch.ones(config.num_labels, device='meta')`)",
+            "  fix: put it where it is used on the device of what it meets: self.scale.to(*.device); a tensor every "
+            "step needs is better a buffer of the model (model.register_buffer(...)), *",
+        ]
+    )
