@@ -59,25 +59,46 @@ def test_weights_moved_where_they_are_used_pass(project: pytest.Pytester) -> Non
     assert outcomes(run_script(project, "--trainer-stages=forward")) == {"forward[cpu]": "PASSED"}
 
 
-def test_a_collator_that_moves_its_batch_to_cuda_is_named_on_a_machine_without_one(project: pytest.Pytester) -> None:
+@pytest.mark.parametrize(
+    ("call", "lines"),
+    [
+        (
+            "cuda",
+            [
+                "collate[[]cpu[]] failed: the script's code puts a tensor or the model on a GPU at train.py:9 "
+                "(`collate = lambda rows: {name: value.cuda() for name, value in pad(rows).items()}`), and this "
+                "machine has none",
+                "  fix: leave the devices to the Trainer, which moves the model and each batch: drop the .cuda() or "
+                "device='cuda', or take the device from what the tensor meets (tensor.to(logits.device), "
+                "model.device)",
+            ],
+        ),
+        (
+            "pin_memory",
+            [
+                "collate[[]cpu[]] failed: the script's pinned memory needs a GPU at train.py:9 (`collate = *`), and "
+                "this machine has none",
+                "  fix: leave the devices to the Trainer, which moves the model and each batch: drop the .pin_memory() "
+                "(dataloader_pin_memory=True pins where a GPU is), *",
+            ],
+        ),
+    ],
+    ids=["cuda", "pinned"],
+)
+def test_a_collator_that_needs_a_gpu_is_named_on_a_machine_without_one(
+    project: pytest.Pytester, call: str, lines: list[str]
+) -> None:
     script = GOOD_SCRIPT.replace(
         "args = TrainingArguments(",
         "from transformers import DataCollatorWithPadding\n"
         "    pad = DataCollatorWithPadding(tok)\n"
-        "    collate = lambda rows: {name: value.cuda() for name, value in pad(rows).items()}\n"
+        f"    collate = lambda rows: {{name: value.{call}() for name, value in pad(rows).items()}}\n"
         "    args = TrainingArguments(",
     ).replace("processing_class=tok)", "processing_class=tok, data_collator=collate)")
     write(project, "train.py", script)
     result = run_script(project, "--trainer-stages=collate")
     assert outcomes(result) == {"collate[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines(
-        [
-            "collate[[]cpu[]] failed: the script's code puts a tensor or the model on a GPU at train.py:9 (`collate = "
-            "lambda rows: {name: value.cuda() for name, value in pad(rows).items()}`), and this machine has none",
-            "  fix: leave the devices to the Trainer, which moves the model and each batch: drop the .cuda() or "
-            "device='cuda', or take the device from what the tensor meets (tensor.to(logits.device), model.device)",
-        ]
-    )
+    result.stdout.fnmatch_lines(lines)
 
 
 def test_a_script_that_moves_its_model_to_cuda_is_named_at_load(project: pytest.Pytester) -> None:
@@ -85,27 +106,6 @@ def test_a_script_that_moves_its_model_to_cuda_is_named_at_load(project: pytest.
     result = run_script(project, "--trainer-stages=load")
     result.stdout.fnmatch_lines(
         ["load[[]cpu[]] failed: train.py: the script's code puts a tensor or the model on a GPU at train.py:8 *"]
-    )
-
-
-def test_a_collator_that_pins_its_batch_is_named_on_a_machine_without_a_gpu(project: pytest.Pytester) -> None:
-    script = GOOD_SCRIPT.replace(
-        "args = TrainingArguments(",
-        "from transformers import DataCollatorWithPadding\n"
-        "    pad = DataCollatorWithPadding(tok)\n"
-        "    collate = lambda rows: {name: value.pin_memory() for name, value in pad(rows).items()}\n"
-        "    args = TrainingArguments(",
-    ).replace("processing_class=tok)", "processing_class=tok, data_collator=collate)")
-    write(project, "train.py", script)
-    result = run_script(project, "--trainer-stages=collate")
-    assert outcomes(result) == {"collate[cpu]": "FAILED"}
-    result.stdout.fnmatch_lines(
-        [
-            "collate[[]cpu[]] failed: the script's pinned memory needs a GPU at train.py:9 (`collate = *`), and this "
-            "machine has none",
-            "  fix: leave the devices to the Trainer, which moves the model and each batch: drop the .pin_memory() "
-            "(dataloader_pin_memory=True pins where a GPU is), *",
-        ]
     )
 
 
