@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from pytest_trainer import frames
+from pytest_trainer import frames, usage
 from pytest_trainer.diagnosis import InternalError, ScriptError, TrainerError
 from pytest_trainer.plan import Step, plan
 from pytest_trainer.session import session_of
@@ -28,10 +29,6 @@ class GivenScript(pytest.File):
     gives the command that tests its pipeline."""
 
     def collect(self) -> Iterator[pytest.Item]:
-        import os
-
-        from pytest_trainer import usage
-
         raise self.CollectError(usage.script_given(os.path.relpath(self.path, self.config.invocation_params.dir)))
 
 

@@ -81,11 +81,19 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Generator[
         if not script.nodeid:  # a script outside the rootdir (an installed library's, say) is named by its file
             script = TrainerScript.from_parent(parent, path=file_path, nodeid=file_path.name)
         return [script]
-    config = parent.config
-    given = {(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args}
-    if file_path.suffix == ".py" and file_path.resolve() in given and usage.training_script(file_path):
+    if file_path.suffix == ".py" and file_path.resolve() in _given(parent.config) and usage.training_script(file_path):
         return [GivenScript.from_parent(parent, path=file_path)]
     return collected
+
+
+_GIVEN = pytest.StashKey[set[Path]]()
+
+
+def _given(config: pytest.Config) -> set[Path]:
+    """The files named on the command line, resolved once."""
+    if _GIVEN not in config.stash:
+        config.stash[_GIVEN] = {(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args}
+    return config.stash[_GIVEN]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -178,10 +186,12 @@ class ReportHooks:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         expression = terminalreporter.config.option.keyword
-        steps = [step for item in terminalreporter.stats.get("deselected", []) if (step := _step_of(item))]
-        if expression and steps and not self.report.by_script():
-            names = [item.name for item in terminalreporter.stats["deselected"] if _step_of(item)]
-            terminalreporter.write_line(usage.deselected(expression, names, [step.stage for step in steps]))
+        deselected = [
+            (item.name, step.stage) for item in terminalreporter.stats.get("deselected", []) if (step := _step_of(item))
+        ]
+        if expression and deselected and not self.report.by_script():  # -k left no pipeline item
+            names, stages = zip(*deselected, strict=True)
+            terminalreporter.write_line(usage.deselected(expression, names, stages))
         for title, lines in self.report.terminal_sections():
             terminalreporter.write_sep("-", title)
             for line in lines:  # pieces with pytest's markup: colour as pytest's own lines, --color and NO_COLOR kept
