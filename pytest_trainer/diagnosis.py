@@ -144,9 +144,18 @@ def labels_beyond_head(
     where: str = "",
     auto_class: str = "AutoModelForSequenceClassification",
     built_from: str | None = None,
+    column: str | None = None,
 ) -> PipelineFailure:
     """Class ids beyond the head; the fix builds the model as the script does: `from_pretrained`, or from the
-    config class `built_from` (a model trained from scratch)."""
+    config class `built_from` (a model trained from scratch). One class id per row in `column`, counted from `low` > 0
+    and fitting the head from 0, is shifted instead: another output would leave classes below `low` without a row."""
+    if column is not None and low > 0 and high - low + 1 == width:
+        return PipelineFailure(
+            f"labels range {low}..{high}: {width} classes counted from {low}, but class ids run from 0 to "
+            f"num_labels - 1, so label {high} is beyond the model's {width} outputs{where}",
+            f"shift the class ids to start at 0 where the labels are made, e.g. dataset = dataset.map(lambda row: "
+            f"{{{column!r}: row[{column!r}] - {low}}}) (another output would leave class 0 without a row)",
+        )
     classes = high + 1
     example = (
         f"{built_from}(..., num_labels={classes})"

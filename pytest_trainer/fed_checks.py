@@ -178,6 +178,7 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
             where,
             task.auto_class,
             model_facts.built_from_config(pipeline.model),
+            column if task.labels == tasks.CLASS else None,
         )
     negative = np.flatnonzero((values < 0) & (values != IGNORE_INDEX))
     if negative.size:

@@ -78,6 +78,29 @@ def test_labels_beyond_the_head_fail_at_dataset(project: pytest.Pytester) -> Non
     )
 
 
+def test_labels_counted_from_one_are_shifted_not_given_an_output(project: pytest.Pytester) -> None:
+    """Three classes stored as 1..3 for a head of 3: the fix is to shift them, not to add an output for a class 0
+    that has no row."""
+    counted_from_one = GOOD_SCRIPT.replace(
+        "data = tiny.tokenized(tiny.text_dataset(), tok)",
+        'data = tiny.tokenized(tiny.text_dataset(), tok).map(lambda row: {"label": row["label"] + 1})',
+    )
+    write(project, "train.py", counted_from_one)
+    result = run_script(project, "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: labels range 1..3: 3 classes counted from 1, but class ids run from 0 to "
+            "num_labels - 1, so label 3 is beyond the model's 3 outputs (row 2 of the training dataset has label 3)",
+            "  fix: shift the class ids to start at 0 where the labels are made, e.g. dataset = dataset.map(lambda "
+            "row: {'label': row[[]'label'[]] - 1}) (another output would leave class 0 without a row)",
+        ]
+    )
+    shifted = counted_from_one.replace('row["label"] + 1', 'row["label"] + 1 - 1')
+    write(project, "train.py", shifted)
+    assert outcomes(run_script(project, "--trainer-stages=dataset")) == {"dataset[cpu]": "PASSED"}
+
+
 def test_labels_beyond_the_head_are_explained_at_forward_too(project: pytest.Pytester) -> None:
     write(project, "train.py", THREE_LABELS_TWO_OUTPUTS)
     result = run_script(project, "--trainer-stages=forward")
