@@ -1,7 +1,7 @@
 """Checks of the fed data that belong to one task, each registered under the labels it applies to.
 
-The `dataset` and `eval` stages run, for each split, the checks of the pipeline's task: token labels
-aligned with the tokens, seq2seq targets padded with -100, answer spans inside their sequence.
+The `dataset` and `eval` stages run, for each split, the checks of the pipeline's task: class names in the dataset's
+order, token labels aligned with the tokens, seq2seq targets padded with -100, answer spans inside their sequence.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pytest_trainer import diagnosis, embeddings, tables, tasks
+from pytest_trainer import diagnosis, embeddings, model_facts, tables, tasks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -157,13 +157,47 @@ def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
         )
 
 
+def check_label_names(pipeline: Pipeline, split: FedSplit) -> None:
+    """The model's id2label names the dataset's classes (its ClassLabel's names) in the dataset's order: the same
+    names in another order put the wrong name on every prediction of the trained model."""
+    column = pipeline.label_column(split.table)
+    feature = (getattr(split.given, "features", None) or {}).get(column) if column else None
+    names = list(getattr(getattr(feature, "feature", feature), "names", None) or [])  # ClassLabel, or a list of them
+    config = getattr(model_facts.base_model(pipeline.model), "config", None)
+    given = getattr(config, "id2label", None) or {}
+    try:
+        ordered = [str(given[index]) for index in range(len(names))]
+    except (KeyError, TypeError):
+        return
+    if len(given) != len(names) or not names:
+        return
+    if sorted(map(_name, ordered)) != sorted(map(_name, names)) or list(map(_name, ordered)) == list(map(_name, names)):
+        return  # names of their own (or the defaults, LABEL_0...), or the same order: nothing to compare
+    index = next(
+        index for index, (mine, theirs) in enumerate(zip(ordered, names, strict=True)) if _name(mine) != _name(theirs)
+    )
+    raise diagnosis.Finding(
+        f"the model's id2label names the classes in another order than the {split.description} dataset's "
+        f"{column!r} ClassLabel: class {index} is {names[index]!r} in the data but id2label[{index}] = "
+        f"{ordered[index]!r}, so every prediction of the trained model carries the wrong name",
+        f"build both maps from the dataset's names: names = dataset.features[{column!r}].names; "
+        "id2label = dict(enumerate(names)); label2id = {name: index for index, name in enumerate(names)}",
+    )
+
+
+def _name(label: str) -> str:
+    """A class name as compared: its case, spaces and separators left out."""
+    return "".join(character for character in label.lower() if character.isalnum())
+
+
 def check_embedding_columns(pipeline: Pipeline, split: FedSplit) -> None:
     """A sentence-transformers split feeds the text columns and the labels its loss takes."""
     embeddings.check_split(pipeline.trainer, split)
 
 
 FOR_TASK: dict[str, tuple[Callable[[Pipeline, FedSplit], None], ...]] = {
-    tasks.TOKEN_CLASS: (check_token_labels,),
+    tasks.CLASS: (check_label_names,),
+    tasks.TOKEN_CLASS: (check_token_labels, check_label_names),
     tasks.DECODER_TARGETS: (check_target_padding,),
     tasks.POSITIONS: (check_answer_positions,),
     tasks.EMBEDDING: (check_embedding_columns,),

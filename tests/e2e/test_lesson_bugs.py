@@ -101,6 +101,41 @@ def test_labels_counted_from_one_are_shifted_not_given_an_output(project: pytest
     assert outcomes(run_script(project, "--trainer-stages=dataset")) == {"dataset[cpu]": "PASSED"}
 
 
+#: A ClassLabel of three names, and a head whose id2label names them in `order`.
+NAMED = GOOD_SCRIPT.replace(
+    "data = tiny.tokenized(tiny.text_dataset(), tok)",
+    "from datasets import ClassLabel\n"
+    "    data = tiny.tokenized(tiny.text_dataset(), tok).cast_column('label', ClassLabel(names=['cat', 'dog', 'bird']))\n"
+    "    names = {order}",
+).replace(
+    "tiny.classifier()",
+    "tiny.classifier(id2label=dict(enumerate(names)), label2id={{n: i for i, n in enumerate(names)}})",
+)
+
+
+@pytest.mark.parametrize(
+    ("order", "outcome"),
+    [("['dog', 'cat', 'bird']", "FAILED"), ("['Cat', 'dog', 'bird']", "PASSED"), ("['a', 'b', 'c']", "PASSED")],
+    ids=["swapped", "same-order", "names-of-its-own"],
+)
+def test_class_names_in_another_order_than_the_dataset_s_are_found(
+    project: pytest.Pytester, order: str, outcome: str
+) -> None:
+    write(project, "train.py", NAMED.format(order=order))
+    result = run_script(project, "--trainer-stages=dataset")
+    assert outcomes(result) == {"dataset[cpu]": outcome}
+    if outcome == "FAILED":
+        result.stdout.fnmatch_lines(
+            [
+                "dataset[[]cpu[]] failed: the model's id2label names the classes in another order than the training "
+                "dataset's 'label' ClassLabel: class 0 is 'cat' in the data but id2label[[]0[]] = 'dog', so every "
+                "prediction of the trained model carries the wrong name",
+                "  fix: build both maps from the dataset's names: names = dataset.features[[]'label'[]].names; "
+                "id2label = dict(enumerate(names)); *",
+            ]
+        )
+
+
 def test_labels_beyond_the_head_are_explained_at_forward_too(project: pytest.Pytester) -> None:
     write(project, "train.py", THREE_LABELS_TWO_OUTPUTS)
     result = run_script(project, "--trainer-stages=forward")
