@@ -479,9 +479,12 @@ def _columns(error: BaseException) -> list[str] | None:
         for value in trace.tb_frame.f_locals.values():
             if not type(value).__module__.startswith("datasets."):
                 continue
-            names = getattr(value, "column_names", None)
-            if names is None and type(value).__name__ in ("LazyBatch", "LazyRow"):
-                names = list(value.keys())
+            try:
+                names = getattr(value, "column_names", None)
+                if names is None and type(value).__name__ in ("LazyBatch", "LazyRow"):
+                    names = list(value.keys())
+            except Exception:  # an object of datasets that cannot say its columns: not this one
+                continue
             if isinstance(names, list) and all(isinstance(name, str) for name in names):
                 found = names
         trace = trace.tb_next
@@ -513,7 +516,10 @@ def placement(error: BaseException) -> Explained | None:
     frame = _users_frame(error)
     if found is None or frame is None:
         return None
-    expected = torch.device(next(group for group in found.groups() if group))
+    try:
+        expected = torch.device(next(group for group in found.groups() if group))
+    except (RuntimeError, ValueError):  # a device torch does not know by that name here
+        return None
     off, reference = _off_device(frame.f_locals, expected)
     if not off:
         return None
