@@ -161,6 +161,8 @@ def check_label_names(pipeline: Pipeline, split: FedSplit) -> None:
     """The model's id2label names the dataset's classes (its ClassLabel's names) in the dataset's order: the same
     names in another order put the wrong name on every prediction of the trained model."""
     column = pipeline.label_column(split.table)
+    if split.transformed:  # the names describe the stored ids, which a transform may map to others
+        return
     feature = (getattr(split.given, "features", None) or {}).get(column) if column else None
     names = list(getattr(getattr(feature, "feature", feature), "names", None) or [])  # ClassLabel, or a list of them
     config = getattr(model_facts.base_model(pipeline.model), "config", None)

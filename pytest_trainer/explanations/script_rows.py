@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import linecache
 import math
 import re
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from pytest_trainer import frames
 from pytest_trainer.explanations.registry import SCRIPT, Explained, first, row
 
 
@@ -541,8 +544,6 @@ def cuda_asked(error: BaseException) -> Explained | None:
     frame = _users_frame(error)
     if frame is None:
         return None
-    import linecache
-
     text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
     pinned = "accelerator" in str(error)
     return Explained(
@@ -563,8 +564,6 @@ def _cuda_asked(match: re.Match[str], error: BaseException) -> Explained | None:
 
 def _users_frame(error: BaseException) -> types.FrameType | None:
     """The innermost frame of the user's own code along the error's traceback."""
-    from pytest_trainer import frames
-
     found = None
     trace: types.TracebackType | None = error.__traceback__
     while trace is not None:
@@ -575,8 +574,6 @@ def _users_frame(error: BaseException) -> types.FrameType | None:
 
 
 def _file_name(frame: types.FrameType) -> str:
-    from pathlib import Path
-
     return Path(frame.f_code.co_filename).name
 
 
@@ -604,9 +601,6 @@ def _off_device(local: dict[str, Any], expected: Any) -> tuple[list[tuple[str, s
 
 def _made_at(path: str, name: str) -> str | None:
     """Where the script's file assigns `name` first: `file:line` and the line."""
-    import linecache
-    from pathlib import Path
-
     assigned = re.compile(rf"^\s*(self\.)?{re.escape(name)}\s*=[^=]")
     for number, line in enumerate(linecache.getlines(path), start=1):
         if assigned.search(line):
