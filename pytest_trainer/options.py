@@ -166,6 +166,16 @@ def _choices(allowed: tuple[str, ...]) -> Convert:
     return lambda raw: parse_choices(raw.value, allowed, raw.source)
 
 
+def _choice(allowed: tuple[str, ...]) -> Convert:
+    def convert(raw: Raw) -> str:
+        value = str(raw.value).strip()
+        if value not in allowed:
+            raise pytest.UsageError(f"{raw.source}: unknown {value!r}; choose one of {', '.join(allowed)}")
+        return value
+
+    return convert
+
+
 def _devices(raw: Raw) -> tuple[str, ...]:
     """Devices asked for by name must be here: a GPU gate that skips every item for want of a GPU is no gate."""
     from pytest_trainer.devices import unavailable_reason
@@ -306,6 +316,14 @@ OPTIONS: tuple[Option, ...] = (
         "adds nothing).",
         _count(),
         "N",
+    ),
+    Option(
+        "model",
+        "how the script's models are built: auto (default) builds a twin (the checkpoint's architecture, narrow, with "
+        "random weights; its real config, tokenizer and data) where the weights are not on this machine, or where the "
+        "model has 1B parameters or more and there is no GPU; twin always; real never.",
+        _choice(defaults.MODELS),
+        "auto|twin|real",
     ),
     Option("baseline_update", "rewrite the baselines with the figures of this run.", _switch, ini=None, switch=True),
     Option(

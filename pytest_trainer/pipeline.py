@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import Trainer
 
+    from pytest_trainer.twin.loading import Twin
+
 
 class Pipeline:
     """One Trainer of this process as the stages see it: loaded once, shared by its items."""
@@ -52,6 +54,8 @@ class Pipeline:
         self.checkpointing: str | None = None
         #: Precision settings the script asked for that this machine turned off (bf16 without a GPU, say).
         self.asked_precision: frozenset[str] = frozenset()
+        #: The models the script asked for that were built as twins (see `twin.loading`).
+        self.twins: tuple[Twin, ...] = ()
         #: Where the Trainer put the model (the GPU, where there is one): a marked test finds it there after a stage.
         self._trainer_device = (
             next((parameter.device for parameter in trainer.model.parameters()), None)

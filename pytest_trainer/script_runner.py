@@ -36,6 +36,7 @@ from pytest_trainer import frames, stack, user_files
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.diagnosis import ScriptError
 from pytest_trainer.explanations import script_rows
+from pytest_trainer.twin.loading import Twin, Twins
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -89,6 +90,13 @@ class Sandbox:
     #: Seed of the random state the script starts from. Each rank of `distributed` gets its own (SCRIPT_SEED + rank),
     #: as each process of a real torchrun job starts from its own OS entropy: unseeded shuffles and splits differ there.
     seed: int = SCRIPT_SEED
+    #: How the script's models are built: `auto`, `twin` or `real` (see `twin.loading`).
+    model: str = "auto"
+
+    @property
+    def twins(self) -> Path:
+        """The folder of the twins' weights, shared by the scripts of the session."""
+        return self.output_dir.parent / "twins"
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,8 @@ class LoadedScript:
     folders: user_files.UserFolders | None = None
     #: The warnings the libraries logged while the script built its Trainer, which pytest would show only on a failure.
     said: tuple[str, ...] = ()
+    #: The models the script asked for that were built as twins.
+    twins: tuple[Twin, ...] = ()
 
 
 def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -121,12 +131,14 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         )
     capture = _Capture(user_files.UserFolders(script, sandbox.output_dir))
     output = _Tail()
+    twins = Twins(sandbox.model, sandbox.twins)
     with (
         _folders_put_back_on_error(capture.folders),
         _process_state_restored(script, script_args, sandbox.seed),
         _sandboxed_transformers(sandbox, capture),
         _sampled_datasets(sandbox.sample, capture),
         _library_records(capture.said),
+        twins.installed(),
         output,
     ):
         try:
@@ -178,6 +190,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         capture.fsdp,
         capture.folders,
         tuple(capture.said),
+        tuple(twins.made),
     )
 
 

@@ -91,7 +91,7 @@ class TrainerSession:
             )
 
         output_dir = Path(self._output.name) / f"{len(self._scripts)}-{script.stem}"
-        sandbox = Sandbox(output_dir, self.settings.sample, self.settings.batch_size)
+        sandbox = Sandbox(output_dir, self.settings.sample, self.settings.batch_size, model=self.settings.model)
         known = script_modules()
         try:
             with time_limit(self.settings.timeout, hung):
@@ -100,6 +100,9 @@ class TrainerSession:
             self._modules |= script_modules() - known
         name = script.relative_to(self.rootpath).as_posix() if script.is_relative_to(self.rootpath) else script.name
         pipeline = self._pipeline(loaded.trainer, name)
+        pipeline.notes.extend(twin.line() for twin in loaded.twins)
+        pipeline.notes.extend(f"not exercised: {line}" for twin in loaded.twins for line in twin.replaced)
+        pipeline.twins = loaded.twins
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
         pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)

@@ -12,6 +12,8 @@ OVERFIT_STEPS = 150
 EXAMPLES = 20
 TIMEOUT = 600.0
 SAMPLE = 256
+#: How the script's models may be built (--trainer-model): see `twin.loading`.
+MODELS = ("auto", "twin", "real")
 
 
 @dataclass(frozen=True)
@@ -43,5 +45,7 @@ class Settings:
     baseline_update: bool = False
     #: A script without a baseline fails instead of recording one.
     baseline_strict: bool = False
+    #: How the script's models are built: `auto` (a twin where the real model cannot be built here), `twin`, `real`.
+    model: str = "auto"
     #: Processes the distributed item trains with under torch.distributed.run (1: no distributed item).
     processes: int = 1

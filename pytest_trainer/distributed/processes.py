@@ -46,6 +46,8 @@ class Job:
     folder: Path
     #: The layer classes to shard with fully_shard, where the script asks for FSDP (None: it does not).
     fsdp_layers: list[str] | None = None
+    #: How the script's models are built (`--trainer-model`): each rank builds the twin the pytest process built.
+    model: str = "auto"
 
     @property
     def output_dir(self) -> Path:
@@ -90,6 +92,7 @@ def run(job: Job, timeout: float) -> Ranks:
                 "output_dir": str(job.output_dir),
                 "batch": str(job.batch),
                 "fsdp_layers": job.fsdp_layers,
+                "model": job.model,
             }
         )
     )

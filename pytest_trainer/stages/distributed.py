@@ -62,6 +62,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             STEPS,
             Path(folder),
             layers,
+            pipeline.settings.model,
         )
         job.folder.mkdir(exist_ok=True)
         torch.save(pipeline.batches.on("cpu"), job.batch)
