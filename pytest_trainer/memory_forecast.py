@@ -9,6 +9,7 @@ the one measured.
 
 from __future__ import annotations
 
+import copy
 import functools
 import weakref
 from collections.abc import Iterable, Iterator
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.twin.loading import Twin
 
 GIB = 2**30
 
@@ -65,9 +67,13 @@ def fake_weights(model: torch.nn.Module, mode: Any) -> Iterator[None]:
                 for name, tensor in list(table.items()):
                     if tensor is None:
                         continue
-                    fake = fakes.get(id(tensor))
+                    fake: Any = fakes.get(id(tensor))
                     if fake is None:
-                        fake = mode.from_tensor(tensor.detach())
+                        if tensor.is_meta:  # a model built at full size without storage
+                            with mode:
+                                fake = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+                        else:
+                            fake = mode.from_tensor(tensor.detach())
                         if isinstance(tensor, torch.nn.Parameter):
                             fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
                         fakes[id(tensor)] = fake
@@ -95,13 +101,13 @@ def training_step(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, A
 
 
 def _training_step(
-    pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], dtype: Any, fake: bool
+    pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], dtype: Any, fake: bool, made_up: bool = False
 ) -> Forecast:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
-    device = next((p.device.type for p in model.parameters()), "cpu")
+    device = next((p.device.type for p in model.parameters() if not p.is_meta), "cpu")
     autocast = torch.autocast(device_type=device, dtype=dtype) if dtype is not None else nullcontext()
     was_training = model.training
     with (
@@ -111,7 +117,7 @@ def _training_step(
         if mode:
             batch = {key: mode.from_tensor(value) if torch.is_tensor(value) else value for key, value in batch.items()}
         model.train()
-        tracker = LiveBytes()
+        tracker = LiveBytes(made_up)
         try:
             with mode or nullcontext():
                 _prime(model, optimizer)
@@ -129,8 +135,11 @@ def _training_step(
         gradients = _bytes(parameter for parameter in model.parameters() if parameter.requires_grad)
         others = [
             value
-            for value in vars(pipeline.trainer).values()  # a reference or reward model beside it
-            if isinstance(value, torch.nn.Module) and value is not model and not _contains(value, model)
+            for name, value in vars(pipeline.trainer).items()  # a reference or reward model beside it
+            if isinstance(value, torch.nn.Module)
+            and name != "model_wrapped"  # the trained model itself, wrapped (or its twin, beside a full-size forecast)
+            and value is not model
+            and not _contains(value, model)
         ]
         if others:
             own = {id(tensor.untyped_storage()) for tensor in [*model.parameters(), *model.buffers()]}
@@ -142,6 +151,110 @@ def _training_step(
             )
     parts["activations and gradients"] = tracker.peak
     return Forecast(sum(parts.values()), parts, gradients=gradients)
+
+
+def checkpoint_step(pipeline: Pipeline, twin: Twin, batch: dict[str, Any], dtype: Any) -> Forecast:
+    """The peak memory of a steady training step of the checkpoint a twin stands for, at its full size.
+
+    The checkpoint's model is built from its own config on the meta device and made as the script made its twin:
+    the same adapters, the same dtype and trainability per weight (a layer of the checkpoint takes those of the
+    twin's layer of its kind), gradient checkpointing as the Trainer turns it on. Its step then runs on fake tensors.
+    Weights the script quantizes count at their bits (the k-bit layers compute in their compute dtype).
+    """
+    import torch
+
+    from pytest_trainer import adapters, model_facts
+
+    with torch.device("meta"):
+        full = twin.builder._from_config(twin.full_config())
+    trained = pipeline.model
+    _patches_moved(model_facts.base_model(trained), full)
+    adapters_of = getattr(trained, "peft_config", None)
+    if isinstance(adapters_of, dict) and adapters_of:
+        from peft import get_peft_model
+
+        names = list(adapters_of)
+        full = get_peft_model(full, copy.deepcopy(adapters_of[names[0]]), adapter_name=names[0])
+        for name in names[1:]:
+            full.add_adapter(name, copy.deepcopy(adapters_of[name]))
+    kinds = {_kind(name): parameter for name, parameter in trained.named_parameters()}
+    quantized = 0
+    for name, parameter in full.named_parameters():
+        like = kinds.get(_kind(name))
+        if like is None:
+            continue
+        parameter.requires_grad_(like.requires_grad)
+        into = like.dtype
+        if twin.quantized_bits and _quantizable(full, name) and not like.requires_grad:
+            into = twin.compute_dtype if isinstance(twin.compute_dtype, torch.dtype) else torch.float32
+            quantized += parameter.numel()
+        parameter.data = parameter.data.to(into)
+    if getattr(pipeline, "checkpointing", ""):
+        adapters.enable_checkpointing(pipeline.trainer, full)
+    forecast = _training_step(pipeline, full, batch, dtype, fake=True, made_up=True)
+    if quantized:
+        held = sum(
+            parameter.numel() * parameter.element_size()
+            for name, parameter in full.named_parameters()
+            if _quantizable(full, name) and not parameter.requires_grad
+        )
+        stored = quantized * twin.quantized_bits // 8
+        forecast.parts["weights"] += stored - held
+        forecast.peak += stored - held
+    forecast.how = f"the checkpoint's own config at full size on fake tensors ({twin.name}, nothing allocated)"
+    return forecast
+
+
+def _patches_moved(twin: torch.nn.Module, full: torch.nn.Module) -> None:
+    """Give `full` the methods a trainer set on its twin's instance (TRL's fused LM head replaces `forward`), bound to
+    `full`: what the patch kept of the twin (its original forward, its config) is taken from `full` instead."""
+    import types
+
+    for name, patched in list(vars(twin).items()):
+        if not isinstance(patched, types.MethodType) or patched.__self__ is not twin:
+            continue
+        function = patched.__func__
+        cells = tuple(types.CellType(_moved(cell.cell_contents, twin, full)) for cell in function.__closure__ or ())
+        moved = types.FunctionType(
+            function.__code__, function.__globals__, function.__name__, function.__defaults__, cells or None
+        )
+        moved.__kwdefaults__ = function.__kwdefaults__
+        moved.__dict__.update(function.__dict__)
+        setattr(full, name, types.MethodType(moved, full))
+
+
+def _moved(value: Any, twin: Any, full: Any) -> Any:
+    """What a patch of `twin` held, as it is for `full`."""
+    import types
+
+    if value is twin:
+        return full
+    if value is getattr(twin, "config", None):
+        return full.config
+    if isinstance(value, types.MethodType) and value.__self__ is twin:
+        return types.MethodType(getattr(type(full), value.__func__.__name__, value.__func__), full)
+    return value
+
+
+def _kind(name: str) -> str:
+    """A weight's name with its layer indices taken out: the weights of every layer of one kind share it."""
+    import re
+
+    return re.sub(r"\.\d+(?=\.)", ".#", name)
+
+
+def _quantizable(model: torch.nn.Module, name: str) -> bool:
+    """Whether bitsandbytes quantizes this weight: a Linear layer's weight, but the output head and adapters."""
+    import torch
+
+    module_name, _, leaf = name.rpartition(".")
+    if leaf != "weight" or "lm_head" in module_name or "lora_" in module_name or "modules_to_save" in module_name:
+        return False
+    try:
+        module = model.get_submodule(module_name)
+    except AttributeError:
+        return False
+    return type(module) is torch.nn.Linear
 
 
 def _contains(wrapper: torch.nn.Module, model: torch.nn.Module) -> bool:
@@ -161,8 +274,11 @@ class LiveBytes(TorchDispatchMode):
     A storage an operation returns among its inputs' (an in-place update, a view) was there before: not counted.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, made_up: bool = False) -> None:
         super().__init__()
+        #: Answer a read of a fake tensor's value (`.item()`) with 1: a model without values, whose step reads them
+        #: only for metrics and branches that do not change what it holds.
+        self.made_up = made_up
         self.current = self.peak = 0
         self._live: dict[int, tuple[int, weakref.ref[Any]]] = {}
 
@@ -170,6 +286,8 @@ class LiveBytes(TorchDispatchMode):
         import torch
         from torch.utils import _pytree
 
+        if self.made_up and func is torch.ops.aten._local_scalar_dense.default:
+            return True if args[0].dtype == torch.bool else 1
         out = func(*args, **(kwargs or {}))
         given = {
             id(value.untyped_storage())

@@ -83,7 +83,11 @@ def main(job_path: str) -> int:
 def run(job: dict[str, Any], record: Record, rank: int) -> None:
     record["progress"] = "running the script up to trainer.train()"
     sandbox = Sandbox(
-        Path(job["output_dir"]), job["sample"], job["batch_size"], seed=SCRIPT_SEED + rank, model=job.get("model", "auto")
+        Path(job["output_dir"]),
+        job["sample"],
+        job["batch_size"],
+        seed=SCRIPT_SEED + rank,
+        model=job.get("model", "auto"),
     )  # rank 0 as the pytest process; the others each their own
     loaded = load_trainer(Path(job["script"]), tuple(job["script_args"]), job["factory"], sandbox)
     trainer = loaded.trainer

@@ -36,10 +36,16 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     batch, length = longest_batch(pipeline, pipeline.training, per_device, device)
     mixed = pipeline.precision()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed or "")
-    step = memory_forecast.training_step(pipeline, model, batch, dtype)
+    twin = _twin_trained(pipeline)
+    if twin is not None:  # the twin's own step says nothing of the GPU the checkpoint needs
+        step = memory_forecast.checkpoint_step(pipeline, twin, batch, dtype)
+    else:
+        step = memory_forecast.training_step(pipeline, model, batch, dtype)
     at = f"per_device_train_batch_size={per_device}" + (
         f" and the longest sequence of the data ({length} tokens)" if length else ""
     )
+    if twin is not None:
+        at = f"{twin.name}'s full size, {at}"
     result.figures.update(
         {
             "train_step_gib": step.peak / GIB,
@@ -88,7 +94,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 ),
                 result,
             )
-    if device == "cuda":
+    if device == "cuda" and twin is not None:
+        result.notes.append("not measured on this GPU: the model here is the twin, not the checkpoint")
+    elif device == "cuda":
         measured = _measured_step(pipeline, model, batch, dtype)
         result.figures["train_step_measured_gib"] = measured / GIB
         picture["measured"] = int(measured)
@@ -98,6 +106,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if pipeline.settings.batch_size:
         result.notes.append("the batch size is the one --trainer-batch-size sets, not the script's")
     return result
+
+
+def _twin_trained(pipeline: Pipeline) -> Any:
+    """The twin that stands for the model the Trainer trains, or None where that model is the script's own."""
+    from pytest_trainer import model_facts
+
+    trained = type(model_facts.base_model(pipeline.model)).__name__
+    return next((twin for twin in pipeline.twins if twin.model_class == trained and twin.builder is not None), None)
 
 
 def longest_batch(pipeline: Pipeline, split: FedSplit, rows: int, device: str) -> tuple[dict[str, Any], int]:

@@ -69,7 +69,7 @@ def estimate(config: dict[str, Any]) -> int:
         expert_feed = next(
             (level[key] for key in shrink._EXPERT_FEED_FORWARD_KEYS if shrink._is_count(level.get(key))), feed
         )
-        vocab = level.get("vocab_size") if shrink._is_count(level.get("vocab_size")) else 0
+        vocab = int(level["vocab_size"]) if shrink._is_count(level.get("vocab_size")) else 0
         total += layers * (4 * width * width + 3 * width * max(feed, experts * expert_feed)) + 2 * vocab * width
     return total
 

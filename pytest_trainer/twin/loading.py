@@ -52,6 +52,15 @@ class Twin:
     config: Any = None
     #: The checkpoint's parameters (counted on the meta device; 0 where they were not counted).
     checkpoint_parameters: int = 0
+    #: The model class the script asked for (a transformers class), which the memory stage builds at full size.
+    builder: Any = None
+    #: Bits of the weights the script quantizes (4 or 8; 0: none), and the dtype the quantized layers compute in.
+    quantized_bits: int = 0
+    compute_dtype: Any = None
+
+    def full_config(self) -> Any:
+        """The checkpoint's config with an attention implementation this machine runs."""
+        return _narrowed(self.config, narrow=False)
 
     def line(self) -> str:
         """The note every item of the pipeline carries."""
@@ -94,8 +103,8 @@ class Twins:
 
     def _wrap(self, owner: type, name: str) -> classmethod[Any, Any, Any]:
         """A classmethod that keeps the original's name, docstring and signature (frameworks read signatures)."""
-        original = owner.__dict__[name].__func__
-        route = {"from_pretrained": self._from_pretrained, "_from_config": self._from_config}[name]
+        original: Any = owner.__dict__[name].__func__
+        route: Any = {"from_pretrained": self._from_pretrained, "_from_config": self._from_config}[name]
         if owner.__name__ == "PeftModel":
             route = self._adapter_from_pretrained
 
@@ -125,6 +134,7 @@ class Twins:
             return original(name, *model_args, **kwargs)
         twin = self._record(name, cls, config, reason, parameters)
         folder = self._saved(cls, config, twin)
+        twin.quantized_bits, twin.compute_dtype = _bits(kwargs)
         kwargs, twin.replaced = runnable_here(kwargs)
         line = _attention_here(getattr(config, "_attn_implementation_internal", None))[1]
         if line is not None and line not in twin.replaced:
@@ -150,14 +160,16 @@ class Twins:
         reason, parameters = self._reason(cls, config, weights=True)
         if reason is None:
             return original(config, **kwargs)
-        twin = self._record(getattr(config, "_name_or_path", "") or f"a {type(config).__name__}", cls, config, reason,
-                            parameters)
+        twin = self._record(
+            getattr(config, "_name_or_path", "") or f"a {type(config).__name__}", cls, config, reason, parameters
+        )
         model = original(_narrowed(config), **kwargs)
         self._keep(model, twin)
         return model
 
-    def _adapter_from_pretrained(self, original: Any, cls: Any, model: Any, model_id: Any, *args: Any,
-                                 **kwargs: Any) -> Any:
+    def _adapter_from_pretrained(
+        self, original: Any, cls: Any, model: Any, model_id: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         """An adapter saved for the checkpoint does not fit its twin's narrow layers: the twin gets a fresh adapter of
         the same config (its target modules, rank and task), trainable as the script asked."""
         twin = self._twin_of(model)
@@ -174,7 +186,9 @@ class Twins:
         if not trainable:
             for parameter in wrapped.parameters():
                 parameter.requires_grad_(False)
-        twin.replaced.append(f"the adapter {model_id} is new on the twin (its saved weights fit the checkpoint's widths)")
+        twin.replaced.append(
+            f"the adapter {model_id} is new on the twin (its saved weights fit the checkpoint's widths)"
+        )
         self._of[wrapped] = twin
         return wrapped
 
@@ -240,6 +254,7 @@ class Twins:
             self._count(cls, _narrowed(config)),
             config=config,
             checkpoint_parameters=parameters,
+            builder=cls,
         )
         self.made.append(twin)
         return twin
@@ -327,7 +342,9 @@ def runnable_here(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         replaced.append(line)
     quantization = _quantization(kwargs)
     if quantization is not None:
-        missing = _bitsandbytes_missing(gpu) if quantization.endswith("(bitsandbytes)") else "a GPU" if not gpu else None
+        missing = (
+            _bitsandbytes_missing(gpu) if quantization.endswith("(bitsandbytes)") else "a GPU" if not gpu else None
+        )
         if missing:
             for key in ("quantization_config", "load_in_4bit", "load_in_8bit"):
                 kwargs.pop(key, None)
@@ -352,10 +369,25 @@ def _quantization(kwargs: dict[str, Any]) -> str | None:
     read = config if isinstance(config, dict) else getattr(config, "__dict__", {})
     method = getattr(config, "quant_method", None) or read.get("quant_method", "")
     method = str(getattr(method, "value", method))
-    if "bitsandbytes" in str(method) or read.get("load_in_4bit") or read.get("load_in_8bit") or read.get("_load_in_4bit"):
+    if (
+        "bitsandbytes" in str(method)
+        or read.get("load_in_4bit")
+        or read.get("load_in_8bit")
+        or read.get("_load_in_4bit")
+    ):
         bits = 4 if read.get("load_in_4bit") or read.get("_load_in_4bit") else 8
         return f"{bits}-bit quantization (bitsandbytes)"
     return f"{method or 'the'} quantization"
+
+
+def _bits(kwargs: dict[str, Any]) -> tuple[int, Any]:
+    """Bits of the bitsandbytes quantization a from_pretrained call asks for (0: none), and its compute dtype."""
+    found = _quantization(kwargs)
+    if found is None or not found.endswith("(bitsandbytes)"):
+        return 0, None
+    config = kwargs.get("quantization_config")
+    read = config if isinstance(config, dict) else getattr(config, "__dict__", {})
+    return int(found.split("-")[0]), read.get("bnb_4bit_compute_dtype")
 
 
 def _bitsandbytes_missing(gpu: bool) -> str | None:

@@ -24,8 +24,23 @@ EXPERTS_PER_TOKEN = 2
 #: Layers kept at least (more where the config mixes more kinds of layer).
 LAYERS = 2
 
-_WIDTH_KEYS = ("hidden_size", "d_model", "n_embd", "embed_dim", "embedding_size", "out_hidden_size", "word_embed_proj_dim")
-_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads", "num_heads")
+_WIDTH_KEYS = (
+    "hidden_size",
+    "d_model",
+    "n_embd",
+    "embed_dim",
+    "embedding_size",
+    "out_hidden_size",
+    "word_embed_proj_dim",
+)
+_HEAD_KEYS = (
+    "num_attention_heads",
+    "n_head",
+    "n_heads",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "num_heads",
+)
 _KV_KEYS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
 _HEAD_DIM_KEYS = ("head_dim", "d_kv", "v_head_dim", "kv_channels")
 _FEED_FORWARD_KEYS = (
@@ -115,7 +130,7 @@ def _narrow_layers(level: dict[str, Any]) -> None:
     """Cut each layer count of this level, keeping one layer of every kind its per-layer lists name."""
     for key in _LAYER_KEYS:
         count = level.get(key)
-        if not _is_count(count) or count <= LAYERS:
+        if not isinstance(count, int) or not _is_count(count) or count <= LAYERS:
             continue
         per_layer = {
             name: value

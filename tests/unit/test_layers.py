@@ -63,6 +63,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.distributed.sharding",
     ),  # trainer families, fed data, training runs, one rank of several
     ("pytest_trainer.script_runner", "pytest_trainer.explanations.script_rows"),  # a script up to trainer.train()
+    (
+        "pytest_trainer.twin",
+        "pytest_trainer.twin.loading",
+        "pytest_trainer.twin.checkpoint",
+        "pytest_trainer.twin.shrink",
+    ),  # twins of real checkpoints
     ("pytest_trainer.tasks",),  # what a task's labels and inputs are
     (
         "pytest_trainer.model_facts",
@@ -92,6 +98,7 @@ ROLES: tuple[str, ...] = (
     "one Trainer as the stages see it",
     "trainer families, the fed data, training runs, losses, adapters, one rank of several processes",
     "running a script up to trainer.train(), and the explanation rows of the errors it raises",
+    "twins of real checkpoints: where their files are, their configs narrowed, the models built in their place",
     "what a task's labels and inputs are",
     "facts: the model, tables, devices, settings, the error base, whose code a frame runs, the user's files, "
     "metric settings, renames, what an explanation row is, the objects kept out of the garbage collector's way",
