@@ -52,7 +52,7 @@ def size(count: int) -> str:
 
 
 @contextmanager
-def fake_weights(model: torch.nn.Module, mode: Any) -> Iterator[None]:
+def fake_weights(model: torch.nn.Module, mode: Any, device: str = "cpu") -> Iterator[None]:
     """Swap every parameter and buffer of `model` for a fake tensor of its shape and dtype, then put them back.
 
     Weights shared between modules stay shared; gradients and requires_grad are kept per parameter.
@@ -71,7 +71,7 @@ def fake_weights(model: torch.nn.Module, mode: Any) -> Iterator[None]:
                     if fake is None:
                         if tensor.is_meta:  # a model built at full size without storage
                             with mode:
-                                fake = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+                                fake = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
                         else:
                             fake = mode.from_tensor(tensor.detach())
                         if isinstance(tensor, torch.nn.Parameter):
@@ -107,11 +107,14 @@ def _training_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
-    device = next((p.device.type for p in model.parameters() if not p.is_meta), "cpu")
+    device = next(
+        (p.device.type for p in model.parameters() if not p.is_meta),  # a model at full size on meta: the batch's
+        next((value.device.type for value in batch.values() if torch.is_tensor(value)), "cpu"),
+    )
     autocast = torch.autocast(device_type=device, dtype=dtype) if dtype is not None else nullcontext()
     was_training = model.training
     with (
-        fake_weights(model, mode) if mode else nullcontext(),
+        fake_weights(model, mode, device) if mode else nullcontext(),
         training.trainer_optimizer(pipeline.trainer, model) as (optimizer, _),
     ):
         if mode:
@@ -288,6 +291,10 @@ class LiveBytes(TorchDispatchMode):
 
         if self.made_up and func is torch.ops.aten._local_scalar_dense.default:
             return True if args[0].dtype == torch.bool else 1
+        if self.made_up and func is torch.ops.aten.nonzero.default:  # every position: the most it can select
+            return self._count_new(
+                torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device=args[0].device)
+            )
         out = func(*args, **(kwargs or {}))
         given = {
             id(value.untyped_storage())
@@ -300,6 +307,10 @@ class LiveBytes(TorchDispatchMode):
                 if id(storage) not in given and id(storage) not in self._live:
                     self._count(storage)
         return out
+
+    def _count_new(self, tensor: Any) -> Any:
+        self._count(tensor.untyped_storage())
+        return tensor
 
     def _count(self, storage: Any) -> None:
         key, size = id(storage), int(storage.nbytes())

@@ -348,6 +348,7 @@ def changed_notes(records: list[ItemRecord]) -> list[str]:
         if note.startswith(
             (
                 "model:",
+                "not checked:",
                 "precision:",
                 "not exercised:",
                 "put back:",

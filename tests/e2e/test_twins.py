@@ -144,6 +144,13 @@ def test_the_forecast_of_the_checkpoint_fails_a_gpu_too_small_for_it(hub: pytest
     result.stdout.fnmatch_lines(["*one training step needs about * GiB at Qwen/Qwen2.5-7B-Instruct's full size*"])
 
 
+def test_what_needs_the_trained_weights_is_said_not_checked(hub: pytest.Pytester) -> None:
+    write(hub, "train.py", QLORA_SFT.replace('report_to="none"', 'report_to="none", bf16=False, fp16=True'))
+    result = run(hub, "--trainer-stages=precision")
+    assert failures(result) == []
+    result.stdout.fnmatch_lines(["not checked: whether the checkpoint's trained activations overflow fp16*"])
+
+
 def test_lora_targets_absent_from_the_checkpoints_architecture_fail_load(hub: pytest.Pytester) -> None:
     write(hub, "train.py", QLORA_SFT.replace(*FOREIGN_TARGETS))
     result = run(hub)
