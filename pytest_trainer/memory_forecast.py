@@ -192,7 +192,7 @@ def checkpoint_step(pipeline: Pipeline, twin: Twin, batch: dict[str, Any], dtype
             into = twin.compute_dtype if isinstance(twin.compute_dtype, torch.dtype) else torch.float32
             quantized += parameter.numel()
         parameter.data = parameter.data.to(into)
-    if getattr(pipeline, "checkpointing", ""):
+    if pipeline.checkpointing:
         adapters.enable_checkpointing(pipeline.trainer, full)
     forecast = _training_step(pipeline, full, batch, dtype, fake=True, made_up=True)
     if quantized:
@@ -291,10 +291,6 @@ class LiveBytes(TorchDispatchMode):
 
         if self.made_up and func is torch.ops.aten._local_scalar_dense.default:
             return True if args[0].dtype == torch.bool else 1
-        if self.made_up and func is torch.ops.aten.nonzero.default:  # every position: the most it can select
-            return self._count_new(
-                torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device=args[0].device)
-            )
         out = func(*args, **(kwargs or {}))
         given = {
             id(value.untyped_storage())
@@ -307,10 +303,6 @@ class LiveBytes(TorchDispatchMode):
                 if id(storage) not in given and id(storage) not in self._live:
                     self._count(storage)
         return out
-
-    def _count_new(self, tensor: Any) -> Any:
-        self._count(tensor.untyped_storage())
-        return tensor
 
     def _count(self, storage: Any) -> None:
         key, size = id(storage), int(storage.nbytes())

@@ -36,7 +36,7 @@ from pytest_trainer import frames, stack, user_files
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.diagnosis import ScriptError
 from pytest_trainer.explanations import script_rows
-from pytest_trainer.twin.loading import Twin, Twins
+from pytest_trainer.twin.loading import Twin, TwinError, Twins
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -150,6 +150,8 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             pass
         except ScriptError:
             raise
+        except TwinError as error:
+            raise ScriptError(script, error.cause, error.fix, _script_frame(script, error)) from error
         except SystemExit as exit:
             raise _exit_error(script, exit, output.lines(), list(script_args)) from None
         except SyntaxError as error:

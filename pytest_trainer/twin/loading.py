@@ -73,6 +73,22 @@ class Twin:
         )
 
 
+class TwinError(Exception):
+    """The plugin could not build the twin of a checkpoint: a limit of the twin, not a fault of the script."""
+
+    def __init__(self, name: Any, model_class: str, error: Exception) -> None:
+        first = str(error).splitlines()[0] if str(error) else ""
+        self.cause = (
+            f"pytest-trainer could not build a twin of {name} ({model_class}): narrowed to {shrink.WIDTH} wide, its "
+            f"config raised {type(error).__name__}: {first}"
+        )
+        self.fix = (
+            "this is a limit of the twin, not a fault of the script: run with --trainer-model=real on a machine that "
+            "holds the model, and report the architecture to pytest-trainer"
+        )
+        super().__init__(self.cause)
+
+
 class Twins:
     """The models of one script run: which were twins, and the folder their weights are saved to."""
 
@@ -132,8 +148,11 @@ class Twins:
         reason, parameters = self._reason(cls, config, found.weights)
         if reason is None:
             return original(name, *model_args, **kwargs)
-        twin = self._record(name, cls, config, reason, parameters)
-        folder = self._saved(cls, config, twin)
+        try:
+            twin = self._record(name, cls, config, reason, parameters)
+            folder = self._saved(cls, config)
+        except Exception as error:
+            raise TwinError(name, cls.__name__, error) from error
         twin.quantized_bits, twin.compute_dtype = _bits(kwargs)
         kwargs, twin.replaced = runnable_here(kwargs)
         line = _attention_here(getattr(config, "_attn_implementation_internal", None))[1]
@@ -160,10 +179,12 @@ class Twins:
         reason, parameters = self._reason(cls, config, weights=True)
         if reason is None:
             return original(config, **kwargs)
-        twin = self._record(
-            getattr(config, "_name_or_path", "") or f"a {type(config).__name__}", cls, config, reason, parameters
-        )
-        model = original(_narrowed(config), **kwargs)
+        name = getattr(config, "_name_or_path", "") or f"a {type(config).__name__}"
+        try:
+            twin = self._record(name, cls, config, reason, parameters)
+            model = original(_narrowed(config), **kwargs)
+        except Exception as error:
+            raise TwinError(name, cls.__name__, error) from error
         self._keep(model, twin)
         return model
 
@@ -259,7 +280,7 @@ class Twins:
         self.made.append(twin)
         return twin
 
-    def _saved(self, cls: Any, config: Any, twin: Twin) -> Path:
+    def _saved(self, cls: Any, config: Any) -> Path:
         """The folder of the twin's weights, built once per architecture and config in the session."""
         import torch
 

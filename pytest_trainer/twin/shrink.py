@@ -70,6 +70,17 @@ _LAYER_KEYS = (
 _RANK_KEYS = ("q_lora_rank", "kv_lora_rank")
 _ROPE_HEAD_KEYS = ("qk_rope_head_dim", "qk_nope_head_dim")
 
+#: The sizes every level of the twin takes, by the keys that hold them.
+_FIXED = (
+    (_WIDTH_KEYS, WIDTH),
+    (_HEAD_KEYS, HEADS),
+    (_HEAD_DIM_KEYS, HEAD_DIM),
+    (_ROPE_HEAD_KEYS, HEAD_DIM // 2),
+    (_RANK_KEYS, WIDTH // 2),
+    (_FEED_FORWARD_KEYS, FEED_FORWARD),
+    (_EXPERT_FEED_FORWARD_KEYS, EXPERT_FEED_FORWARD),
+)
+
 
 def narrow(config: dict[str, Any]) -> dict[str, Any]:
     """The twin's config: a copy of `config` with every level narrowed."""
@@ -85,31 +96,14 @@ def _narrow_level(level: dict[str, Any]) -> None:
             _narrow_level(value)
     _narrow_layers(level)
     heads = next((level[key] for key in _HEAD_KEYS if _is_count(level.get(key))), None)
-    for key in _WIDTH_KEYS:
-        if _is_count(level.get(key)):
-            level[key] = WIDTH
-    for key in _HEAD_KEYS:
-        if _is_count(level.get(key)):
-            level[key] = HEADS
+    for keys, size in _FIXED:
+        for key in keys:
+            if _is_count(level.get(key)):
+                level[key] = size
     for key in _KV_KEYS:
         value = level.get(key)
         if _is_count(value):  # the same relation to the query heads: multi-head, multi-query, or grouped
             level[key] = HEADS if heads is None or value >= heads else 1 if value == 1 else HEADS // 2
-    for key in _HEAD_DIM_KEYS:
-        if _is_count(level.get(key)):
-            level[key] = HEAD_DIM
-    for key in _ROPE_HEAD_KEYS:
-        if _is_count(level.get(key)):
-            level[key] = HEAD_DIM // 2
-    for key in _RANK_KEYS:
-        if _is_count(level.get(key)):
-            level[key] = WIDTH // 2
-    for key in _FEED_FORWARD_KEYS:
-        if _is_count(level.get(key)):
-            level[key] = FEED_FORWARD
-    for key in _EXPERT_FEED_FORWARD_KEYS:
-        if _is_count(level.get(key)):
-            level[key] = EXPERT_FEED_FORWARD
     experts = None
     for key in _EXPERT_KEYS:
         if _is_count(level.get(key)) and level[key] > 1:

@@ -250,3 +250,55 @@ def test_the_model_option_takes_one_of_its_choices(pytester: pytest.Pytester) ->
     result.stderr.fnmatch_lines(
         ["*--trainer-model on the command line: unknown 'tiny'; choose one of auto, twin, real*"]
     )
+
+
+#: A model of the script's own whose layers need a width the twin does not give: the twin cannot be built.
+OWN_ARCHITECTURE = """
+    from pathlib import Path
+    import torch
+    from datasets import Dataset
+    from transformers import PretrainedConfig, PreTrainedModel, Trainer, TrainingArguments
+
+
+    class WideConfig(PretrainedConfig):
+        model_type = "wide"
+
+        def __init__(self, hidden_size=256, **kwargs):
+            self.hidden_size = hidden_size
+            super().__init__(**kwargs)
+
+
+    class WideModel(PreTrainedModel):
+        config_class = WideConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            if config.hidden_size < 128:
+                raise ValueError(f"hidden_size {config.hidden_size} is below the 128 the blocks need")
+            self.layer = torch.nn.Linear(config.hidden_size, 2)
+            self.post_init()
+
+        def forward(self, x, labels=None):
+            logits = self.layer(x)
+            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+    Path("wide").mkdir(exist_ok=True)
+    WideConfig().save_pretrained("wide")  # its config only, as a checkpoint whose weights are elsewhere
+    model = WideModel.from_pretrained("wide")
+    data = Dataset.from_dict({"x": [[0.0] * 256] * 8, "labels": [0, 1] * 4})
+    trainer = Trainer(model=model, args=TrainingArguments(output_dir="out", report_to=[]), train_dataset=data)
+    trainer.train()
+"""
+
+
+def test_a_twin_that_cannot_be_built_says_it_is_the_plugins_limit(pytester: pytest.Pytester) -> None:
+    write(pytester, "train.py", OWN_ARCHITECTURE)
+    result = run(pytester, "--trainer-stages=forward")
+    assert failures(result) == ["load[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "*pytest-trainer could not build a twin of wide (WideModel)*ValueError: hidden_size 64 is below*",
+            "*fix: this is a limit of the twin, not a fault of the script: run with --trainer-model=real*",
+        ]
+    )
