@@ -37,6 +37,29 @@ def enable_checkpointing(trainer: Any, model: Any) -> str | None:
     return f"gradient checkpointing (use_reentrant={reentrant})" if reentrant is not None else "gradient checkpointing"
 
 
+def quantized_for_training(model: Any) -> None:
+    """Keep 4-bit weights in the layout training reads while the stages evaluate on the CPU.
+
+    bitsandbytes (0.48 and later) repacks a 4-bit layer's weight for its CPU inference kernel on the first forward in
+    eval mode without gradients, and keeps it so: a later training forward fails in place on that layout, and
+    PEFT's load_adapter reads it as the training layout. A run of the script trains first and never evaluates on the
+    CPU; the stages evaluate in between. So the repacking is turned off (it is a speed-up of inference only), and a
+    weight the script's own evaluation repacked is put back.
+    """
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+        weight = getattr(module, "weight", None)
+        state: Any = getattr(weight, "quant_state", None)
+        if weight is None or not getattr(state, "packing_format_for_cpu", False):
+            continue
+        try:
+            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+        except ImportError:
+            return
+        weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, state)
+
+
 def new_token_ids(model: Any, tokenizer: Any) -> list[int]:
     """Ids of tokens added to the tokenizer beyond the vocabulary of the checkpoint the model was loaded from.
 

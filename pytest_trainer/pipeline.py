@@ -107,7 +107,9 @@ class Pipeline:
         Moved once; a CPU copy is kept before it goes to CUDA, to replay failures.
         """
         self.end_fixed_batch_runs()  # before a move: the CPU copy kept for replays must have the starting weights too
-        return self._moved(device)
+        model = self._moved(device)
+        adapters.quantized_for_training(model)
+        return model
 
     def _moved(self, device: str) -> torch.nn.Module:
         if device == "cpu" and self._cpu_replica is not None:

@@ -157,7 +157,12 @@ def _compare_reloaded(pipeline: Pipeline, model: Any, batch: dict[str, Any], fol
         active = model.active_adapter
         try:
             model.set_adapter(RELOADED_ADAPTER)
-            _same_outputs(expected, _outputs(pipeline, model, batch), "the adapter reloaded with load_adapter", [])
+            how = "the adapter reloaded with load_adapter"
+            rounding = _adapter_rounding(model, active)
+            if rounding:  # its outputs may move by the rounding: its weights and settings must be the very same
+                _same_outputs(_adapter_weights(model, active), _adapter_weights(model, RELOADED_ADAPTER), how, [])
+                _same_settings(model.peft_config[active], model.peft_config[RELOADED_ADAPTER])
+            _same_outputs(expected, _outputs(pipeline, model, batch), how, [], rounding)
         finally:
             model.set_adapter(active)
             model.delete_adapter(RELOADED_ADAPTER)
@@ -218,7 +223,55 @@ def _raised_saving_processor(error: Exception) -> bool:
     return any(re.search(r"(tokenization|processing|feature_extraction)_utils", name) for name in files)
 
 
-def _same_outputs(expected: dict[str, Any], found: dict[str, Any], how: str, lost: list[str]) -> None:
+def _adapter_rounding(model: Any, adapter: Any) -> float:
+    """The rounding of an adapter trained in 16 bits (TRL keeps QLoRA's adapters in bf16), which PEFT's load_adapter
+    casts to fp32: the reloaded adapter is the same one, its outputs differ at that rounding. 0 for a 32-bit one."""
+    import torch
+
+    names = adapter if isinstance(adapter, (list, tuple)) else [adapter]
+    dtypes = {
+        parameter.dtype
+        for name, parameter in model.named_parameters()
+        if any(f".{each}." in name for each in names) and parameter.is_floating_point()
+    }
+    return max((float(torch.finfo(dtype).eps) for dtype in dtypes if torch.finfo(dtype).bits < 32), default=0.0)
+
+
+def _adapter_weights(model: Any, adapter: str) -> dict[str, Any]:
+    """The weights of one adapter in fp32, named without the adapter's name."""
+    marker = f".{adapter}."
+    return {
+        name.replace(marker, "."): parameter.detach().float()
+        for name, parameter in model.named_parameters()
+        if marker in name and parameter.is_floating_point()
+    }
+
+
+#: Settings of an adapter that a reload may change without changing the adapter.
+ADAPTER_PLACES = ("inference_mode", "base_model_name_or_path", "revision")
+
+
+def _same_settings(trained: Any, reloaded: Any) -> None:
+    """The adapter's settings (rank, alpha, targets) in the checkpoint must be those it was trained with."""
+    given, found = trained.to_dict(), reloaded.to_dict()
+    changed = sorted(key for key in given if key not in ADAPTER_PLACES and given[key] != found.get(key))
+    if changed:
+        shown = ", ".join(f"{key} {given[key]!r} trained, {found.get(key)!r} saved" for key in changed[:4])
+        raise diagnosis.PipelineFailure(
+            f"the adapter's settings saved in the checkpoint are not those it was trained with ({shown}): the "
+            "reloaded adapter scales or places its weights otherwise, and every checkpoint is a different model",
+            "save the adapter with the config the model trains with: leave model.peft_config as get_peft_model made "
+            "it, and change settings before get_peft_model, not before saving",
+        )
+
+
+#: Multiples of the rounding of 16-bit adapter weights that outputs may move by when they are reloaded in fp32.
+ROUNDINGS = 4
+
+
+def _same_outputs(
+    expected: dict[str, Any], found: dict[str, Any], how: str, lost: list[str], rounding: float = 0.0
+) -> None:
     import torch
 
     differences = {}
@@ -227,7 +280,7 @@ def _same_outputs(expected: dict[str, Any], found: dict[str, Any], how: str, los
         if other is None or other.shape != value.shape:
             differences[key] = float("inf")
             continue
-        tolerance = 1e3 * torch.finfo(value.dtype).eps
+        tolerance = max(1e3 * torch.finfo(value.dtype).eps, ROUNDINGS * rounding)
         gap = float((value.float() - other.float()).abs().max()) if value.numel() else 0.0
         if gap > tolerance * (1 + float(value.float().abs().max())):
             differences[key] = gap

@@ -416,8 +416,15 @@ def _bitsandbytes_missing(gpu: bool) -> str | None:
     import importlib.metadata
 
     try:
-        version = importlib.metadata.version("bitsandbytes")
+        version: str | None = importlib.metadata.version("bitsandbytes")
     except importlib.metadata.PackageNotFoundError:
+        version = None
+    return bitsandbytes_lacks(version, gpu)
+
+
+def bitsandbytes_lacks(version: str | None, gpu: bool) -> str | None:
+    """What bitsandbytes of `version` (None: not installed) lacks to run on this machine, or None."""
+    if version is None:
         return "bitsandbytes, which is not installed"
     if gpu:
         return None

@@ -4,7 +4,6 @@ tests/unit/test_twin_shrink.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -118,15 +117,21 @@ def test_a_cpu_device_map_is_kept() -> None:
     assert kwargs == {"device_map": "cpu", "attn_implementation": "sdpa"} and replaced == []
 
 
-@pytest.mark.skipif(
-    torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is not None,
-    reason="what a machine without bitsandbytes replaces",
-)
-def test_bitsandbytes_quantization_without_bitsandbytes_is_dropped_and_said() -> None:
-    config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU replaces")
+def test_a_quantization_this_machine_cannot_run_is_dropped_and_said() -> None:
+    config = transformers.GPTQConfig(bits=4)
     kwargs, replaced = loading.runnable_here({"quantization_config": config, "device_map": "auto"})
     assert kwargs == {"device_map": "auto"}
-    assert replaced and replaced[0].startswith("4-bit quantization (bitsandbytes) needs bitsandbytes")
+    assert replaced and replaced[0].startswith("gptq quantization needs a GPU: the twin loads unquantized")
+
+
+def test_bitsandbytes_runs_on_a_cpu_from_0_46() -> None:
+    assert loading.bitsandbytes_lacks(None, gpu=False) == "bitsandbytes, which is not installed"
+    assert loading.bitsandbytes_lacks(None, gpu=True) == "bitsandbytes, which is not installed"
+    assert loading.bitsandbytes_lacks("0.45.5", gpu=False) == "a GPU (bitsandbytes 0.45.5 runs on a CPU from 0.46)"
+    assert loading.bitsandbytes_lacks("0.45.5", gpu=True) is None
+    assert loading.bitsandbytes_lacks("0.50.2", gpu=False) is None
+    config = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
     assert loading._bits({"quantization_config": config}) == (4, torch.bfloat16)
 
 

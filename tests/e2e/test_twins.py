@@ -7,6 +7,7 @@ file. The scripts are written as their users write them: QLoRA SFT with TRL and 
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import peft  # noqa: F401
@@ -15,8 +16,10 @@ import transformers  # noqa: F401
 import trl  # noqa: F401
 from checkpoints import cache, folder
 from conftest import failures, outcomes, write
+from trl import SFTConfig, SFTTrainer  # noqa: F401
 
-# The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
+# The libraries above, and the trainers the scripts import, are imported here, before pytester's in-process runs, for
+# the reason conftest gives.
 
 QWEN = "Qwen--Qwen2.5-7B-Instruct"
 LLAMA = "meta-llama--Llama-3.1-8B-Instruct"
@@ -100,6 +103,10 @@ def hub(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Py
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_module = importlib.import_module("transformers.utils.hub")  # transformers 4 keeps copies of its own
+    for name, value in (("TRANSFORMERS_CACHE", str(home / "hub")), ("_is_offline_mode", True)):
+        if hasattr(hub_module, name):
+            monkeypatch.setattr(hub_module, name, value)
     return pytester
 
 
@@ -134,7 +141,7 @@ def test_a_qlora_sft_of_a_7b_checkpoint_by_hub_id_passes_on_its_twin(hub: pytest
     assert any("Qwen/Qwen2.5-7B-Instruct's full size" in note for note in memory["notes"])
     # 4-bit weights of 7.6B parameters, the embeddings and head in fp32 (PEFT's k-bit preparation), LoRA's AdamW state
     assert 6 < memory["figures"]["train_step_gib"] < 12
-    assert 0.2 < memory["figures"]["optimizer_state_gib"] < 0.4
+    assert 0.1 < memory["figures"]["optimizer_state_gib"] < 0.4  # bf16 adapters (TRL, 4-bit) or fp32
 
 
 def test_the_forecast_of_the_checkpoint_fails_a_gpu_too_small_for_it(hub: pytest.Pytester) -> None:
