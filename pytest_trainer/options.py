@@ -24,10 +24,10 @@ from pytest_trainer.settings import Settings
 __all__ = ["MARKER_LINE", "OPTIONS", "Option", "Settings", "parse_choices", "register", "resolve"]
 
 MARKER_LINE = (
-    "trainer_pipeline(module=None, stages=None, devices=None, factory=None): run the test once per "
+    "trainer_pipeline(module=None, stages=None, devices=None, factory=None, model=None): run the test once per "
     "pipeline stage and device of a Trainer, given through the trainer_stage fixture (with module=, "
     "the script's load first, unless stages= leaves it out). Without module=, the Trainer comes from a "
-    "`trainer` fixture you define."
+    "`trainer` fixture you define. model= builds the script's models as --trainer-model does (auto, twin, real)."
 )
 
 

@@ -16,7 +16,7 @@ from pytest_trainer.items import GivenScript, StageItem, TrainerScript, stated_f
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES, Step, cpu_first, plan
 from pytest_trainer.report import summary
 from pytest_trainer.session import ALL, has_session, session_of, start_session
-from pytest_trainer.settings import Settings
+from pytest_trainer.settings import MODELS, Settings
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -352,11 +352,12 @@ def _pipeline_key(item: pytest.Item) -> str:
     return f"{parent}::{getattr(item, 'originalname', item.name)}"
 
 
-def _script_of(node: Any) -> tuple[Path, str | None] | None:
-    """The script and factory that give this item its Trainer, or None when a `trainer` fixture does."""
+def _script_of(node: Any) -> tuple[Path, str | None, str | None] | None:
+    """The script, factory and model choice (--trainer-model where None) that give this item its Trainer, or None when
+    a `trainer` fixture does."""
     settings = session_of(node.config).settings
     if isinstance(node, StageItem):
-        return node.path, settings.factory
+        return node.path, settings.factory, None
     marker = node.get_closest_marker(MARKER)
     module = marker.kwargs.get("module") if marker else None
     if not module:
@@ -365,7 +366,12 @@ def _script_of(node: Any) -> tuple[Path, str | None] | None:
     if not path.is_absolute():
         beside_test = node.path.parent / path
         path = beside_test if beside_test.exists() else node.config.rootpath / path
-    return path.resolve(), marker.kwargs.get("factory")
+    model = marker.kwargs.get("model")
+    if model is not None and model not in MODELS:
+        pytest.fail(
+            f"{node.nodeid}: the {MARKER} marker's model={model!r} is none of {', '.join(MODELS)}", pytrace=False
+        )
+    return path.resolve(), marker.kwargs.get("factory"), model
 
 
 def _pipeline(request: pytest.FixtureRequest) -> Pipeline:

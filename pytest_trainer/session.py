@@ -46,7 +46,7 @@ class TrainerSession:
     def __init__(self, settings: Settings, rootpath: Path) -> None:
         self.settings = settings
         self.rootpath = rootpath
-        self._scripts: dict[Path, Pipeline | ScriptError] = {}
+        self._scripts: dict[tuple[Path, str], Pipeline | ScriptError] = {}
         self._fixture_pipelines: dict[int, tuple[Any, Pipeline]] = {}
         self._blocked: dict[tuple[str, str, str], str] = {}
         self.cuda_broken: str | None = None
@@ -69,19 +69,21 @@ class TrainerSession:
             except Exception:  # a broken install: the load item imports it again and says so, as a failure of its own
                 return
 
-    def script_pipeline(self, script: Path, factory: str | None) -> Pipeline:
-        """The pipeline of a script, which runs once per process however many items use it."""
-        if script not in self._scripts:
+    def script_pipeline(self, script: Path, factory: str | None, model: str | None = None) -> Pipeline:
+        """The pipeline of a script, which runs once per process however many items use it (once per way its model is
+        built, where a marker's model= differs from --trainer-model)."""
+        key = (script, model or self.settings.model)
+        if key not in self._scripts:
             try:
-                self._scripts[script] = self._load(script, factory)
+                self._scripts[key] = self._load(script, factory, key[1])
             except ScriptError as error:
-                self._scripts[script] = error
-        found = self._scripts[script]
+                self._scripts[key] = error
+        found = self._scripts[key]
         if isinstance(found, ScriptError):
             raise found
         return found
 
-    def _load(self, script: Path, factory: str | None) -> Pipeline:
+    def _load(self, script: Path, factory: str | None, model: str) -> Pipeline:
         def hung() -> ScriptError:
             return ScriptError(
                 script,
@@ -91,7 +93,7 @@ class TrainerSession:
             )
 
         output_dir = Path(self._output.name) / f"{len(self._scripts)}-{script.stem}"
-        sandbox = Sandbox(output_dir, self.settings.sample, self.settings.batch_size, model=self.settings.model)
+        sandbox = Sandbox(output_dir, self.settings.sample, self.settings.batch_size, model=model)
         known = script_modules()
         try:
             with time_limit(self.settings.timeout, hung):

@@ -9,6 +9,8 @@ It builds a tiny Qwen2 model, its tokenizer and data in ./tiny (make_tiny.py), t
   output folder included);
 - the same configuration with a learning rate of 0, given through the framework's own settings: `step` fails and
   says so;
+- the first case on a real 7B checkpoint of which only the config and tokenizer files are here: every item passes on
+  its twin, and the summary says so;
 - (LLaMA-Factory's SFT) a cutoff_len that cuts the answers: `targets` fails naming cutoff_len, the framework's own
   truncation, which no Trainer setting shows.
 
@@ -25,6 +27,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LEARNING_RATE_ZERO = "step[cpu] failed: the learning rate is 0"
+#: A real checkpoint without its weights (its public config and tokenizer files, tests/fixtures/checkpoints): the
+#: framework's pipeline runs on its twin.
+CHECKPOINT = "Qwen--Qwen2.5-7B-Instruct"
+TWIN = "model: a twin of"
+#: How each framework's own settings name the model.
+MODEL_SETTING = {"llamafactory": "model_name_or_path={}", "swift": "--model {}", "axolotl": "--base_model={}"}
 #: LLaMA-Factory's SFT case with a cutoff_len shorter than many conversations, and what targets says of it.
 CUT_OFF = ("cutoff_len=24", "sampled answers are cut by cutoff_len=24 before their end")
 
@@ -61,6 +69,14 @@ def cases(framework: str) -> list[tuple[str, str, str, str]]:
             for name, config in (("", "sft.yml"), (" with sample_packing", "packing.yml"))
         ]
     sys.exit(f"usage: python {Path(__file__).name} llamafactory|axolotl|swift")
+
+
+def real_checkpoint(root: Path) -> Path:
+    """The folder of a real checkpoint's config and tokenizer files, without weights, under `root`."""
+    sys.path.insert(0, str(HERE.parents[1] / "tests" / "e2e"))
+    import checkpoints  # the tests' own helper: the fixture files, and a tokenizer with the checkpoint's special tokens
+
+    return checkpoints.folder(root.resolve(), CHECKPOINT)
 
 
 def files_here() -> set[str]:
@@ -112,8 +128,14 @@ def main() -> None:
         if code != 1 or LEARNING_RATE_ZERO not in output:
             print(output[-6000:])
             sys.exit(f"{framework}, {name}: expected step to fail with {LEARNING_RATE_ZERO!r}; pytest exited {code}")
+    name, module, arguments, _ = found[0]
+    print(f"== {framework}, {name}: on {CHECKPOINT.replace('--', '/')}, its config and tokenizer only", flush=True)
+    checkpoint = real_checkpoint(Path("tiny"))
+    code, output = pytest(module, f"{arguments} {MODEL_SETTING[framework].format(checkpoint)}")
+    if code != 0 or TWIN not in output:
+        print(output[-6000:])
+        sys.exit(f"{framework}, {name}: expected every item to pass on the checkpoint's twin; pytest exited {code}")
     if framework == "llamafactory":
-        name, module, arguments, _ = found[0]
         print(f"== {framework}, {name}: answers cut by {CUT_OFF[0]}", flush=True)
         code, output = pytest(module, f"{arguments} {CUT_OFF[0]}", "--trainer-stages=load,collate,targets")
         if code != 1 or CUT_OFF[1] not in output:

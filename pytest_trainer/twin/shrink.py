@@ -96,14 +96,17 @@ def _narrow_level(level: dict[str, Any]) -> None:
             _narrow_level(value)
     _narrow_layers(level)
     heads = next((level[key] for key in _HEAD_KEYS if _is_count(level.get(key))), None)
-    for keys, size in _FIXED:
+    for keys, size in _FIXED:  # never wider than the checkpoint: a small one stays as it is
         for key in keys:
             if _is_count(level.get(key)):
-                level[key] = size
+                level[key] = min(level[key], size)
+    narrow_heads = min(heads, HEADS) if heads else HEADS
     for key in _KV_KEYS:
         value = level.get(key)
         if _is_count(value):  # the same relation to the query heads: multi-head, multi-query, or grouped
-            level[key] = HEADS if heads is None or value >= heads else 1 if value == 1 else HEADS // 2
+            level[key] = (
+                value if value <= 1 else narrow_heads if heads is None or value >= heads else max(1, narrow_heads // 2)
+            )
     experts = None
     for key in _EXPERT_KEYS:
         if _is_count(level.get(key)) and level[key] > 1:

@@ -309,3 +309,37 @@ def test_a_twin_that_cannot_be_built_says_it_is_the_plugins_limit(pytester: pyte
             "*fix: this is a limit of the twin, not a fault of the script: run with --trainer-model=real*",
         ]
     )
+
+
+def test_a_marker_asks_for_the_twin_of_its_script(project: pytest.Pytester) -> None:
+    write(project, "train.py", SMALL)
+    project.makepyfile(
+        test_pipeline="""
+        import pytest
+
+
+        @pytest.mark.trainer_pipeline(module="train.py", stages=["forward"], devices=["cpu"], model="twin")
+        def test_forward_on_the_twin(trainer_stage):
+            trainer_stage.run()
+            assert any(note.startswith("model: a twin of small-bert") for note in trainer_stage.pipeline.notes)
+            assert trainer_stage.pipeline.model.config.num_hidden_layers == 1  # never more than the checkpoint's
+        """
+    )
+    result = project.runpytest("test_pipeline.py", "-v")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_marker_model_that_is_no_choice_fails_the_test(project: pytest.Pytester) -> None:
+    write(project, "train.py", SMALL)
+    project.makepyfile(
+        test_pipeline="""
+        import pytest
+
+
+        @pytest.mark.trainer_pipeline(module="train.py", stages=["forward"], devices=["cpu"], model="small")
+        def test_forward(trainer_stage):
+            trainer_stage.run()
+        """
+    )
+    result = project.runpytest("test_pipeline.py")
+    result.stdout.fnmatch_lines(["*the trainer_pipeline marker's model='small' is none of auto, twin, real*"])

@@ -105,6 +105,17 @@ def test_an_encoder_decoder_narrows_both_stacks() -> None:
     assert twin["num_mel_bins"] == 128
 
 
+def test_a_checkpoint_smaller_than_the_twin_keeps_its_sizes() -> None:
+    small = {
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+    }
+    assert shrink.narrow(small) == small
+
+
 def test_multimodal_rope_sections_fit_the_narrow_head() -> None:
     twin = shrink.narrow(
         {
