@@ -103,7 +103,7 @@ def _narrow_level(level: dict[str, Any]) -> None:
     narrow_heads = min(heads, HEADS) if heads else HEADS
     for key in _KV_KEYS:
         value = level.get(key)
-        if _is_count(value):  # the same relation to the query heads: multi-head, multi-query, or grouped
+        if isinstance(value, int) and _is_count(value):  # the same relation to the query heads: all, one, or a group
             level[key] = (
                 value if value <= 1 else narrow_heads if heads is None or value >= heads else max(1, narrow_heads // 2)
             )
