@@ -73,10 +73,14 @@ def cases(framework: str) -> list[tuple[str, str, str, str]]:
 
 def real_checkpoint(root: Path) -> Path:
     """The folder of a real checkpoint's config and tokenizer files, without weights, under `root`."""
-    sys.path.insert(0, str(HERE.parents[1] / "tests" / "e2e"))
-    import checkpoints  # the tests' own helper: the fixture files, and a tokenizer with the checkpoint's special tokens
-
-    return checkpoints.folder(root.resolve(), CHECKPOINT)
+    # The tests' own helper, from this clone: the fixture files, and a tokenizer with the checkpoint's special tokens.
+    helper = HERE.parents[1] / "tests" / "e2e" / "checkpoints.py"
+    spec = importlib.util.spec_from_file_location("checkpoints", helper)
+    if spec is None or spec.loader is None:
+        sys.exit(f"{helper} is missing: run this check from a clone of pytest-trainer")
+    checkpoints = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checkpoints)
+    return Path(checkpoints.folder(root.resolve(), CHECKPOINT))
 
 
 def files_here() -> set[str]:

@@ -1,8 +1,9 @@
 """Build a twin where the script would build a model this machine cannot: every way a script gets its model.
 
 While the script runs, `from_pretrained` of every transformers model class (the Auto classes, a TRL trainer given a
-model id, the frameworks, sentence-transformers all end there), `from_config` and `PeftModel.from_pretrained`
-go through `Twins`. It decides, from the checkpoint's config alone, whether the real model is built:
+model id, the frameworks, sentence-transformers all end there), `from_config`, a model class built from a config, and
+`PeftModel.from_pretrained` go through `Twins`. It decides, from the checkpoint's config alone, whether the real model
+is built:
 
 - `--trainer-model=real` always builds it; `twin` never does;
 - `auto` (the default) builds a twin where the checkpoint's weights are not on this machine, or where the model
@@ -98,16 +99,27 @@ class Twins:
         self.made: list[Twin] = []
         self._of: weakref.WeakKeyDictionary[Any, Twin] = weakref.WeakKeyDictionary()
         self._busy = False
+        #: The configs a model was built from directly, by id (configs are not hashable): each is judged once.
+        self._seen: dict[int, weakref.ref[Any]] = {}
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         """Route the script's model loading through this object while it runs."""
         from transformers import PreTrainedModel
 
-        patches = [
+        patches: list[Any] = [
             mock.patch.object(PreTrainedModel, "from_pretrained", self._wrap(PreTrainedModel, "from_pretrained")),
             mock.patch.object(PreTrainedModel, "_from_config", self._wrap(PreTrainedModel, "_from_config")),
         ]
+        original_init = PreTrainedModel.__init__
+
+        @functools.wraps(original_init)
+        def init(model: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+            if not self._busy and self.mode != "real" and _is_config(config) and self._first_sight(config):
+                self._constructed(model, config)
+            original_init(model, config, *args, **kwargs)
+
+        patches.append(mock.patch.object(PreTrainedModel, "__init__", init))
         with contextlib.suppress(ImportError):
             from peft import PeftModel
 
@@ -132,7 +144,7 @@ class Twins:
 
         return classmethod(replacement)
 
-    # ---- the three ways in -------------------------------------------------------------------------
+    # ---- the ways in ----------------------------------------------------------------------------------
 
     def _from_pretrained(self, original: Any, cls: Any, name: Any = None, *model_args: Any, **kwargs: Any) -> Any:
         if self.mode == "real" or name is None:
@@ -187,6 +199,31 @@ class Twins:
             raise TwinError(name, cls.__name__, error) from error
         self._keep(model, twin)
         return model
+
+    def _first_sight(self, config: Any) -> bool:
+        """Whether no model was built from this config object yet (a model's submodules share their parent's)."""
+        seen = self._seen.get(id(config))
+        if seen is not None and seen() is config:
+            return False
+        with contextlib.suppress(TypeError):
+            self._seen[id(config)] = weakref.ref(config)
+        return True
+
+    def _constructed(self, model: Any, config: Any) -> None:
+        """A model class built directly from a config (`LlamaForCausalLM(config)`): where it is to be a twin, the
+        config it is built from is narrowed in place, before its layers are made from it."""
+        cls = type(model)
+        reason, parameters = self._reason(cls, config, weights=True)
+        if reason is None:
+            return
+        name = getattr(config, "_name_or_path", "") or f"a {type(config).__name__}"
+        full = _narrowed(config, narrow=False)
+        try:
+            twin = self._record(name, cls, full, reason, parameters)
+            _update(config, shrink.narrow(config.to_dict()))
+        except Exception as error:
+            raise TwinError(name, cls.__name__, error) from error
+        self._keep(model, twin)
 
     def _adapter_from_pretrained(
         self, original: Any, cls: Any, model: Any, model_id: Any, *args: Any, **kwargs: Any
@@ -332,6 +369,17 @@ def _narrowed(config: Any, narrow: bool = True) -> Any:
     if asked is not None:
         copied._attn_implementation_internal = _attention_here(asked)[0]
     return copied
+
+
+def _update(config: Any, values: dict[str, Any]) -> None:
+    """Set a config's attributes, and those of its nested configs, to `values`."""
+    for key, value in values.items():
+        current = getattr(config, key, None)
+        if _is_config(current) and isinstance(value, dict):
+            _update(current, value)
+        elif current != value and not key.startswith("_") and key != "transformers_version":
+            with contextlib.suppress(AttributeError):
+                setattr(config, key, value)
 
 
 def _attention_here(asked: Any) -> tuple[Any, str | None]:

@@ -76,7 +76,7 @@ def test_help_markers_and_fixtures_are_documented(pytester: pytest.Pytester) -> 
     for key in ("trainer_module", "trainer_args", "trainer_factory", "trainer_stages", "trainer_devices"):
         assert key in help_text
     pytester.runpytest_subprocess("--markers").stdout.fnmatch_lines(
-        ["@pytest.mark.trainer_pipeline(module=None, stages=None, devices=None, factory=None):*"]
+        ["@pytest.mark.trainer_pipeline(module=None, stages=None, devices=None, factory=None, model=None):*"]
     )
     fixtures = pytester.runpytest_subprocess("--fixtures").stdout.str()
     for name in ("trainer ", "trainer_stage ", "pipeline_device ", "train_batch "):

@@ -343,3 +343,17 @@ def test_a_marker_model_that_is_no_choice_fails_the_test(project: pytest.Pyteste
     )
     result = project.runpytest("test_pipeline.py")
     result.stdout.fnmatch_lines(["*the trainer_pipeline marker's model='small' is none of auto, twin, real*"])
+
+
+def test_a_7b_model_class_built_from_its_config_is_a_twin_on_a_cpu(hub: pytest.Pytester) -> None:
+    write(
+        hub,
+        "train.py",
+        FROM_CONFIG.replace(
+            "model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(MODEL))",
+            "from transformers import Qwen2ForCausalLM\n    model = Qwen2ForCausalLM(AutoConfig.from_pretrained(MODEL))",
+        ),
+    )
+    result = run(hub, "--trainer-stages=forward,step")
+    assert failures(result) == []
+    result.stdout.fnmatch_lines(["model: a twin of Qwen/Qwen2.5-7B-Instruct (Qwen2ForCausalLM, 7.62B parameters*"])
