@@ -378,5 +378,6 @@ def _pipeline(request: pytest.FixtureRequest) -> Pipeline:
     session = session_of(request.config)
     script = _script_of(request.node)
     if script is not None:
-        return session.script_pipeline(*script)
+        step = _step_of(request.node)
+        return session.script_pipeline(*script, device=step.device if step else None)
     return session.fixture_pipeline(request.getfixturevalue("trainer"), _pipeline_key(request.node))

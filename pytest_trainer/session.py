@@ -69,9 +69,15 @@ class TrainerSession:
             except Exception:  # a broken install: the load item imports it again and says so, as a failure of its own
                 return
 
-    def script_pipeline(self, script: Path, factory: str | None, model: str | None = None) -> Pipeline:
+    def script_pipeline(
+        self, script: Path, factory: str | None, model: str | None = None, device: str | None = None
+    ) -> Pipeline:
         """The pipeline of a script, which runs once per process however many items use it (once per way its model is
-        built, where a marker's model= differs from --trainer-model)."""
+        built, where a marker's model= differs from --trainer-model).
+
+        On a machine with a GPU, `auto` builds a model of 1B parameters or more at full size for the cuda items; the
+        cpu items get its twin, as a machine without a GPU would (the script runs once more for them).
+        """
         key = (script, model or self.settings.model)
         if key not in self._scripts:
             try:
@@ -81,6 +87,8 @@ class TrainerSession:
         found = self._scripts[key]
         if isinstance(found, ScriptError):
             raise found
+        if device == "cpu" and key[1] == "auto" and _too_large_for_cpu(found):
+            return self.script_pipeline(script, factory, "twin")
         return found
 
     def _load(self, script: Path, factory: str | None, model: str) -> Pipeline:
@@ -147,3 +155,14 @@ class TrainerSession:
         self._output.cleanup()
         for name in self._modules:
             sys.modules.pop(name, None)
+
+
+def _too_large_for_cpu(pipeline: Pipeline) -> bool:
+    """Whether the pipeline's real model is one a machine without a GPU would have built as a twin."""
+    import torch
+
+    from pytest_trainer.twin.checkpoint import CPU_LIMIT
+
+    if pipeline.twins or not torch.cuda.is_available():
+        return False
+    return sum(parameter.numel() for parameter in pipeline.model.parameters()) >= CPU_LIMIT

@@ -174,11 +174,8 @@ class Twins:
             kwargs.pop(key, None)
         if _is_config(kwargs.get("config")):
             kwargs["config"] = _narrowed(kwargs["config"])
-        self._busy = True
-        try:
+        with self._quiet():
             model = original(str(folder), *model_args, **kwargs)
-        finally:
-            self._busy = False
         with contextlib.suppress(AttributeError):  # where the script's code and the libraries look for its files
             model.config._name_or_path = str(name)
             model.name_or_path = str(name)
@@ -194,7 +191,8 @@ class Twins:
         name = getattr(config, "_name_or_path", "") or f"a {type(config).__name__}"
         try:
             twin = self._record(name, cls, config, reason, parameters)
-            model = original(_narrowed(config), **kwargs)
+            with self._quiet():  # the narrowed config is the twin's own: its construction is not judged again
+                model = original(_narrowed(config), **kwargs)
         except Exception as error:
             raise TwinError(name, cls.__name__, error) from error
         self._keep(model, twin)
@@ -279,13 +277,11 @@ class Twins:
         return None, parameters
 
     def _count(self, cls: Any, config: Any) -> int:
-        self._busy = True
         try:
-            return checkpoint.parameters(cls, _narrowed(config, narrow=False))
+            with self._quiet():
+                return checkpoint.parameters(cls, _narrowed(config, narrow=False))
         except Exception:  # counted for the report only
             return 0
-        finally:
-            self._busy = False
 
     def _config(self, cls: Any, name: Any, kwargs: dict[str, Any]) -> Any:
         from transformers import AutoConfig, PretrainedConfig
@@ -327,9 +323,8 @@ class Twins:
         if folder.is_dir():
             return folder
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._busy = True
         try:
-            with torch.random.fork_rng(devices=[]):  # the script's random state goes on as if the twin were not built
+            with self._quiet(), torch.random.fork_rng(devices=[]):  # the script's random state goes on unchanged
                 torch.manual_seed(0)
                 model = cls._from_config(narrowed)
             building = Path(tempfile.mkdtemp(dir=self.folder))
@@ -340,10 +335,18 @@ class Twins:
                 if not folder.is_dir():
                     raise
         finally:
-            self._busy = False
             for left in self.folder.glob("tmp*"):
                 shutil.rmtree(left, ignore_errors=True)
         return folder
+
+    @contextlib.contextmanager
+    def _quiet(self) -> Iterator[None]:
+        """The plugin's own building (a twin, a count on the meta device): not routed through the twins again."""
+        busy, self._busy = self._busy, True
+        try:
+            yield
+        finally:
+            self._busy = busy
 
     def _keep(self, model: Any, twin: Twin) -> None:
         with contextlib.suppress(TypeError):

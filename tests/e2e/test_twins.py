@@ -357,3 +357,11 @@ def test_a_7b_model_class_built_from_its_config_is_a_twin_on_a_cpu(hub: pytest.P
     result = run(hub, "--trainer-stages=forward,step")
     assert failures(result) == []
     result.stdout.fnmatch_lines(["model: a twin of Qwen/Qwen2.5-7B-Instruct (Qwen2ForCausalLM, 7.62B parameters*"])
+
+
+def test_a_twin_built_from_a_config_is_said_once(hub: pytest.Pytester) -> None:
+    write(hub, "train.py", FROM_CONFIG)
+    result = run(hub, "--trainer-stages=forward", "--trainer-model=twin")
+    assert failures(result) == []
+    said = [line for line in result.outlines if line.startswith("model: a twin of")]
+    assert len(said) == 1 and "7.62B parameters, 28 layers x 3584" in said[0], said
