@@ -12,11 +12,11 @@ import json
 
 import peft  # noqa: F401
 import pytest
-import transformers  # noqa: F401
+import transformers
 import trl  # noqa: F401
 from checkpoints import cache, folder
 from conftest import failures, outcomes, write
-from trl import SFTConfig, SFTTrainer  # noqa: F401
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: F401
 
 # The libraries above, and the trainers the scripts import, are imported here, before pytester's in-process runs, for
 # the reason conftest gives.
@@ -365,3 +365,99 @@ def test_a_twin_built_from_a_config_is_said_once(hub: pytest.Pytester) -> None:
     assert failures(result) == []
     said = [line for line in result.outlines if line.startswith("model: a twin of")]
     assert len(said) == 1 and "7.62B parameters, 28 layers x 3584" in said[0], said
+
+
+#: LoRA DPO of Llama 3.1 8B Instruct by hub id: the policy is the twin with an adapter, the reference the twin without.
+LORA_DPO = """
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    tokenizer.pad_token = "<|finetune_right_pad_id|>"
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype="auto")
+    prompts = ["what is the capital of france ?", "how are you today ?", "translate to french : good morning ."]
+    rows = {
+        "prompt": [[{"role": "user", "content": p}] for p in prompts * 8],
+        "chosen": [[{"role": "assistant", "content": "paris is ."}]] * 24,
+        "rejected": [[{"role": "assistant", "content": "the lazy dog ."}]] * 24,
+    }
+    args = DPOConfig(output_dir="dpo", per_device_train_batch_size=4, learning_rate=5e-6, max_length=128,
+                     report_to="none")
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict(rows), processing_class=tokenizer,
+                         peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    trainer.train()
+"""
+
+
+def test_a_lora_dpo_of_an_8b_checkpoint_passes_on_its_twin(hub: pytest.Pytester) -> None:
+    write(hub, "train.py", LORA_DPO)
+    result = run(hub, "--trainer-stages=targets,forward,backward,step,save")  # overfit: 2.5 min here (128k tokens)
+    assert failures(result) == []
+    for stage in ("targets", "forward", "backward", "step", "save"):
+        assert outcomes(result)[f"{stage}[cpu]"] == "PASSED", stage
+    result.stdout.fnmatch_lines(["model: a twin of meta-llama/Llama-3.1-8B-Instruct (LlamaForCausalLM, 8.03B*"])
+
+
+#: GRPO of Qwen2.5 7B with a reward model given by hub id, which TRL loads itself as a sequence classifier.
+GRPO_REWARD_MODEL = """
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    MODEL = "Qwen/Qwen2.5-7B-Instruct"
+    prompts = ["what is the capital of france ?", "how are you today ?", "translate to french : good morning ."]
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts * 4]})
+    args = GRPOConfig(output_dir="grpo", per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+                      learning_rate=1e-6, report_to="none")
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=MODEL, args=args, train_dataset=data,
+                          processing_class=AutoTokenizer.from_pretrained(MODEL, padding_side="left"))
+    trainer.train()
+"""
+
+
+def test_grpo_with_a_policy_and_a_reward_model_by_hub_id_runs_on_their_twins(hub: pytest.Pytester) -> None:
+    write(hub, "train.py", GRPO_REWARD_MODEL)
+    result = run(hub, "--trainer-stages=forward,backward,step")
+    assert failures(result) == []
+    for stage in ("forward", "backward", "step"):
+        assert outcomes(result)[f"{stage}[cpu]"] == "PASSED", stage
+    result.stdout.fnmatch_lines(
+        [
+            "model: a twin of Qwen/Qwen2.5-7B-Instruct (Qwen2ForCausalLM, 7.62B*",
+            "model: a twin of Qwen/Qwen2.5-7B-Instruct (Qwen2ForSequenceClassification, 7.0?B*",
+        ],
+        consecutive=False,
+    )
+
+
+#: A full fine-tune of an encoder of BERT-large's sizes, from a folder holding its config and tokenizer only.
+ENCODER = """
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
+
+    tokenizer = AutoTokenizer.from_pretrained("tiny-tokenizer")
+    model = AutoModelForSequenceClassification.from_pretrained("bert-large", num_labels=2)
+    texts = ["the quick brown fox jumps", "what is the capital of france", "good morning", "how are you today"]
+    data = Dataset.from_dict({"text": texts * 8, "label": [0, 1, 0, 1] * 8}).map(
+        lambda row: tokenizer(row["text"], truncation=True), remove_columns=["text"])
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=2e-5, report_to=[])
+    trainer = Trainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer.train()
+"""
+
+
+def test_a_full_fine_tune_of_a_large_encoder_passes_on_its_twin(project: pytest.Pytester) -> None:
+    transformers.BertConfig(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    ).save_pretrained(project.path / "bert-large")
+    project.makepyfile(make_tokenizer="import tiny\ntiny.tokenizer().save_pretrained('tiny-tokenizer')\n")
+    project.runpython(project.path / "make_tokenizer.py")
+    write(project, "train.py", ENCODER)
+    result = run(project)
+    assert failures(result) == []
+    for stage in ("forward", "backward", "step", "overfit", "save", "labels"):
+        assert outcomes(result)[f"{stage}[cpu]"] == "PASSED", stage
+    result.stdout.fnmatch_lines(["model: a twin of bert-large (BertForSequenceClassification, 335M parameters*"])
