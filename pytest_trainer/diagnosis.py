@@ -94,11 +94,13 @@ class ScriptError(TrainerError):
 
     def __init__(self, script: Path, cause: str, fix: str, where: str | None = None) -> None:
         self.script, self.where = script, where
+        #: What the message names: the script's file name, or the command as given (`--trainer-command`).
+        self.name = script.name
         super().__init__(cause, fix)
 
     def render(self) -> str:
         where = f"\n  at {self.where}" if self.where else ""
-        return f"{self.script.name}: {self.cause}{where}\n  fix: {self.fix}"
+        return f"{self.name}: {self.cause}{where}\n  fix: {self.fix}"
 
 
 @contextmanager

@@ -9,19 +9,37 @@ from typing import Any
 import pytest
 
 from pytest_trainer import frames, usage
+from pytest_trainer.commands import Command, script_command
 from pytest_trainer.diagnosis import InternalError, ScriptError, TrainerError
 from pytest_trainer.plan import Step, plan
 from pytest_trainer.session import session_of
 
 
-#: Frames of these modules say nothing about the user's pipeline; they are left out of reports.
 class TrainerScript(pytest.File):
     """A training script given with --trainer-module: one item per stage and device, never imported as tests."""
+
+    @property
+    def command(self) -> Command:
+        """How the script runs: `python SCRIPT --trainer-args`."""
+        return script_command(self.path.resolve(), session_of(self.config).settings.script_args)
 
     def collect(self) -> Iterator[StageItem]:
         settings = session_of(self.config).settings
         for step in plan(settings.stages, settings.devices):
             yield StageItem.from_parent(self, name=step.name, callobj=check_stage, step=step)
+
+
+class TrainerCommand(TrainerScript):
+    """A command given with --trainer-command (`axolotl train config.yml`): named after the command, collected from
+    the file it runs first, with the items of a script."""
+
+    def __init__(self, *, command: Command, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._command = command
+
+    @property
+    def command(self) -> Command:
+        return self._command
 
 
 class GivenScript(pytest.File):
@@ -49,7 +67,8 @@ class StageItem(pytest.Function):
             self._id = parent_id.child(step.stage).with_params(step.device)
 
     def reportinfo(self) -> tuple[Any, int, str]:
-        return self.path, 0, f"{self.step.name} of {self.path.name}"
+        of = f"`{self.parent.name}`" if isinstance(self.parent, TrainerCommand) else self.path.name
+        return self.path, 0, f"{self.step.name} of {of}"
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:  # type: ignore[override]
         if not isinstance(excinfo.value, TrainerError):

@@ -18,16 +18,18 @@ from typing import Any
 import pytest
 
 from pytest_trainer import settings as defaults
+from pytest_trainer.commands import Command
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES
 from pytest_trainer.settings import Settings
 
 __all__ = ["MARKER_LINE", "OPTIONS", "Option", "Settings", "parse_choices", "register", "resolve"]
 
 MARKER_LINE = (
-    "trainer_pipeline(module=None, stages=None, devices=None, factory=None, model=None): run the test once per "
-    "pipeline stage and device of a Trainer, given through the trainer_stage fixture (with module=, "
-    "the script's load first, unless stages= leaves it out). Without module=, the Trainer comes from a "
-    "`trainer` fixture you define. model= builds the script's models as --trainer-model does (auto, twin, real)."
+    "trainer_pipeline(module=None, command=None, stages=None, devices=None, factory=None, model=None): run the test "
+    "once per pipeline stage and device of a Trainer, given through the trainer_stage fixture (with module= or "
+    "command=, the script's load first, unless stages= leaves it out). Without either, the Trainer comes from a "
+    "`trainer` fixture you define. command= is a command as you run it (`axolotl train config.yml`), run from the "
+    "rootdir. model= builds the script's models as --trainer-model does (auto, twin, real)."
 )
 
 
@@ -105,6 +107,20 @@ def _scripts(raw: Raw) -> tuple[Path, ...]:
                 "(a .py file), which the plugin runs up to trainer.train()"
             )
     return tuple(dict.fromkeys(path.resolve() for path in paths))
+
+
+def _commands(raw: Raw) -> tuple[Command, ...]:
+    """Each command read from the folder it is taken from (where pytest was started, or the ini file's)."""
+    from pytest_trainer.commands import CommandError, parse
+
+    given = [raw.value] if isinstance(raw.value, str) else list(raw.value)
+    found = []
+    for text in given:
+        try:
+            found.append(parse(text, raw.base))
+        except CommandError as error:
+            raise pytest.UsageError(f"{raw.source}: {error}") from None
+    return tuple(dict.fromkeys(found))
 
 
 def _near_miss(path: Path) -> str:
@@ -217,6 +233,17 @@ OPTIONS: tuple[Option, ...] = (
         _scripts,
         "PATH",
         ini="paths",
+        repeated=True,
+    ),
+    Option(
+        "command",
+        "a command as you run it, as one shell-quoted string, tested stage by stage like a --trainer-module script "
+        "(repeatable; the ini key takes one per line): a console script (`axolotl train config.yml`), `python "
+        "train.py ...`, `python -m pkg.train ...`, or one of those behind `accelerate launch`, `torchrun` or "
+        "`deepspeed`, whose process count and precision are read as the script's intent, not run.",
+        _commands,
+        "COMMAND",
+        ini="linelist",
         repeated=True,
     ),
     Option(
@@ -336,7 +363,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 #: Settings named differently from their option.
-_FIELDS = {"module": "modules", "args": "script_args"}
+_FIELDS = {"module": "modules", "command": "commands", "args": "script_args"}
 
 
 def register(parser: pytest.Parser) -> None:
@@ -349,7 +376,7 @@ def register(parser: pytest.Parser) -> None:
         else:
             group.addoption(option.flag, metavar=option.metavar, help=option.help)
         if option.ini is not None:
-            default = {"paths": [], "bool": False}.get(option.ini, "")
+            default = {"paths": [], "linelist": [], "bool": False}.get(option.ini, "")
             parser.addini(option.key, type=option.ini, default=default, help=option.help)  # type: ignore[arg-type]
 
 

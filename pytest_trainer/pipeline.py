@@ -11,7 +11,6 @@ import copy
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import adapters, diagnosis, families, fed_data, tasks, training
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import Trainer
 
+    from pytest_trainer.commands import Command
     from pytest_trainer.twin.loading import Twin
 
 
@@ -35,8 +35,9 @@ class Pipeline:
         self.trainer = trainer
         self.name = name
         self.settings = settings or Settings()
-        #: The script that built the Trainer and the factory called in it (None for a Trainer from a fixture).
-        self.script: Path | None = None
+        #: The command (a script, as --trainer-module runs it) that built the Trainer and the factory called in it (None
+        #: for a Trainer from a fixture).
+        self.command: Command | None = None
         self.factory: str | None = None
         #: The fsdp_config of a script that asks for FSDP, which this process runs without (None: it asks for none).
         self.asked_fsdp: dict[str, Any] | None = None

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_trainer import devices, options, usage
+from pytest_trainer.commands import Command, CommandError, parse, script_command
 from pytest_trainer.diagnosis import ScriptError, TrainerError
-from pytest_trainer.items import GivenScript, StageItem, TrainerScript, stated_failure
+from pytest_trainer.items import GivenScript, StageItem, TrainerCommand, TrainerScript, stated_failure
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES, Step, cpu_first, plan
 from pytest_trainer.report import summary
 from pytest_trainer.session import ALL, has_session, session_of, start_session
@@ -46,9 +47,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", options.MARKER_LINE)
     settings = options.resolve(config)
     start_session(config, settings)
-    if config.getoption("trainer_module") and config.args_source != pytest.Config.ArgsSource.ARGS:
+    given = config.getoption("trainer_module") or config.getoption("trainer_command")
+    if given and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = []  # `pytest --trainer-module=train.py` alone tests the script, not testpaths too
-    for script in settings.modules:
+    for script in (*settings.modules, *(command.file for command in settings.commands)):
         if all(Path(arg.split("::")[0]).resolve() != script for arg in config.args):
             config.args.append(str(script))  # so it is collected even outside the folders pytest walks
     if config.pluginmanager.hasplugin("xdist"):
@@ -64,23 +66,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = session_of(config).settings
-    if not settings.modules:
+    if not settings.modules and not settings.commands:
         return []
-    return [
-        f"trainer: {', '.join(path.name for path in settings.modules)}; "
-        f"stages: {','.join(settings.stages)}; devices: {','.join(settings.devices)}"
-    ]
+    named = [path.name for path in settings.modules] + [f"`{command.text}`" for command in settings.commands]
+    return [f"trainer: {', '.join(named)}; stages: {','.join(settings.stages)}; devices: {','.join(settings.devices)}"]
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Generator[None, Any, Any]:
     collected = yield
-    if file_path.resolve() in session_of(parent.config).settings.modules:
-        # The script is ours alone: no other collector may import it as a test module.
+    settings = session_of(parent.config).settings
+    resolved = file_path.resolve()
+    # A command is named after itself, and collected from the file it runs first (several commands may share one).
+    ours: list[pytest.Collector] = [
+        TrainerCommand.from_parent(parent, path=file_path, name=command.text, nodeid=command.text, command=command)
+        for command in settings.commands
+        if command.file.resolve() == resolved
+    ]
+    if resolved in settings.modules:
         script = TrainerScript.from_parent(parent, path=file_path)
         if not script.nodeid:  # a script outside the rootdir (an installed library's, say) is named by its file
             script = TrainerScript.from_parent(parent, path=file_path, nodeid=file_path.name)
-        return [script]
+        ours.insert(0, script)
+    if ours:  # the script is ours alone: no other collector may import it as a test module
+        return ours
     if file_path.suffix == ".py" and file_path.resolve() in _given(parent.config) and usage.training_script(file_path):
         return [GivenScript.from_parent(parent, path=file_path)]
     return collected
@@ -111,7 +120,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     source = f"{MARKER} marker of {metafunc.definition.nodeid}"
     # A script to run (module=) has a load item of its own, as with --trainer-module, unless stages= leaves it out;
     # a `trainer` fixture builds the Trainer itself, and an error there is that fixture's, in each test's setup.
-    choices = (LOAD, *STAGES) if marker.kwargs.get("module") else STAGES
+    runs = marker.kwargs.get("module") or marker.kwargs.get("command")
+    choices = (LOAD, *STAGES) if runs else STAGES
     stages = options.parse_choices(marker.kwargs.get("stages") or choices, choices, source)
     on = options.parse_choices(marker.kwargs.get("devices") or DEVICES, DEVICES, source)
     devices_on = [device for device in on if device in settings.devices]
@@ -134,7 +144,8 @@ class XdistHooks:
     def pytest_configure(self, config: pytest.Config) -> None:
         # loadfile sends all items of a file, hence of a script, to one worker. (loadgroup would need
         # node-id rewriting that pytest 9.2 ignores: pytest-xdist issue 1386.)
-        if getattr(config.option, "dist", "no") == "load" and session_of(config).settings.modules:
+        settings = session_of(config).settings
+        if getattr(config.option, "dist", "no") == "load" and (settings.modules or settings.commands):
             config.option.dist = "loadfile"
 
 
@@ -352,26 +363,37 @@ def _pipeline_key(item: pytest.Item) -> str:
     return f"{parent}::{getattr(item, 'originalname', item.name)}"
 
 
-def _script_of(node: Any) -> tuple[Path, str | None, str | None] | None:
-    """The script, factory and model choice (--trainer-model where None) that give this item its Trainer, or None when
-    a `trainer` fixture does."""
+def _script_of(node: Any) -> tuple[Command, str | None, str | None] | None:
+    """The command (a script's), factory and model choice (--trainer-model where None) that give this item its
+    Trainer, or None when a `trainer` fixture does."""
     settings = session_of(node.config).settings
     if isinstance(node, StageItem):
-        return node.path, settings.factory, None
+        command = node.parent.command if isinstance(node.parent, TrainerScript) else script_command(node.path)
+        return command, None if isinstance(node.parent, TrainerCommand) else settings.factory, None
     marker = node.get_closest_marker(MARKER)
     module = marker.kwargs.get("module") if marker else None
-    if not module:
+    text = marker.kwargs.get("command") if marker else None
+    if not module and not text:
         return None
-    path = Path(module)
-    if not path.is_absolute():
-        beside_test = node.path.parent / path
-        path = beside_test if beside_test.exists() else node.config.rootpath / path
+    if module and text:
+        pytest.fail(f"{node.nodeid}: the {MARKER} marker takes module= or command=, not both", pytrace=False)
+    if text:
+        try:
+            command = parse(text, node.config.rootpath)
+        except CommandError as error:
+            pytest.fail(f"{node.nodeid}: the {MARKER} marker's command=: {error}", pytrace=False)
+    else:
+        path = Path(str(module))
+        if not path.is_absolute():
+            beside_test = node.path.parent / path
+            path = beside_test if beside_test.exists() else node.config.rootpath / path
+        command = script_command(path.resolve(), settings.script_args)
     model = marker.kwargs.get("model")
     if model is not None and model not in MODELS:
         pytest.fail(
             f"{node.nodeid}: the {MARKER} marker's model={model!r} is none of {', '.join(MODELS)}", pytrace=False
         )
-    return path.resolve(), marker.kwargs.get("factory"), model
+    return command, marker.kwargs.get("factory"), model
 
 
 def _pipeline(request: pytest.FixtureRequest) -> Pipeline:

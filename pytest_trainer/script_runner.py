@@ -13,12 +13,15 @@ import builtins
 import collections
 import contextlib
 import functools
+import importlib
+import importlib.util
 import io
 import itertools
 import logging
 import os
 import random
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -32,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from pytest_trainer import frames, stack, user_files
+from pytest_trainer import commands, frames, stack, user_files
+from pytest_trainer.commands import Command, CommandError, Launch
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.diagnosis import ScriptError
 from pytest_trainer.explanations import script_rows
@@ -72,6 +76,10 @@ class _Capture:
         self.fsdp: dict[str, Any] | None = None
         #: What the libraries logged at WARNING or above while the script ran ("trl: ..."), each once.
         self.said: list[str] = []
+        #: The launchers in front of what ran (the command's own, and those of the commands it started).
+        self.launches: list[Launch] = []
+        #: The training commands the command started as new processes, read and run in this process instead.
+        self.started_here: list[str] = []
 
     @property
     def trainer(self) -> Trainer | None:
@@ -119,10 +127,15 @@ class LoadedScript:
     said: tuple[str, ...] = ()
     #: The models the script asked for that were built as twins.
     twins: tuple[Twin, ...] = ()
+    #: The launchers in front of what ran, whose process count and engine one process does not run.
+    launches: tuple[Launch, ...] = ()
+    #: The training commands the command started as new processes, run in this process instead.
+    started_here: tuple[str, ...] = ()
 
 
-def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None, sandbox: Sandbox) -> LoadedScript:
-    """Run `script` (or call its `factory`) and return its Trainer, contained by `sandbox`."""
+def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> LoadedScript:
+    """Run `command` (or call its script's `factory`) and return its Trainer, contained by `sandbox`."""
+    script = command.file
     if not script.is_file():
         raise ScriptError(
             script,
@@ -130,22 +143,25 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
             "check the path: a marker's module= is taken from the test file's folder, else from the rootdir",
         )
     capture = _Capture(user_files.UserFolders(script, sandbox.output_dir))
+    if command.launch is not None:
+        capture.launches.append(command.launch)
     output = _Tail()
     twins = Twins(sandbox.model, sandbox.twins)
     with (
         _folders_put_back_on_error(capture.folders),
-        _process_state_restored(script, script_args, sandbox.seed),
+        _process_state_restored(command, sandbox.seed),
         _sandboxed_transformers(sandbox, capture),
         _sampled_datasets(sandbox.sample, capture),
         _library_records(capture.said),
         twins.installed(),
+        _launches_read(command, capture, sandbox.seed),
         output,
     ):
         try:
             if factory:
                 _call_factory(script, factory, capture)
             else:
-                run_script(script, "__main__")
+                run_command(command)
         except _StopScript:
             pass
         except ScriptError:
@@ -153,7 +169,7 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         except TwinError as error:
             raise ScriptError(script, error.cause, error.fix, _script_frame(script, error)) from error
         except SystemExit as exit:
-            raise _exit_error(script, exit, output.lines(), list(script_args)) from None
+            raise _exit_error(command, exit, output.lines()) from None
         except SyntaxError as error:
             where = f"{error.filename}:{error.lineno}" if error.filename else None
             raise ScriptError(script, f"syntax error: {error.msg}", "fix the syntax of the script", where) from error
@@ -193,6 +209,8 @@ def load_trainer(script: Path, script_args: tuple[str, ...], factory: str | None
         capture.folders,
         tuple(capture.said),
         tuple(twins.made),
+        tuple(dict.fromkeys(capture.launches)),
+        tuple(capture.started_here),
     )
 
 
@@ -285,10 +303,28 @@ def script_modules() -> set[str]:
     return {name for name in sys.modules if name.startswith(SCRIPT_MODULE_PREFIX)}
 
 
-def run_script(script: Path, name: str) -> types.ModuleType:
+def run_command(command: Command) -> None:
+    """Run what `command` runs, as Python runs it: a file or a module as `__main__`, or a console script's function."""
+    if command.kind == "entry point":
+        module_name, _, attribute = command.target.partition(":")
+        function: Any = functools.reduce(getattr, attribute.split("."), importlib.import_module(module_name))
+        code: Any = stack.call_at_base(function)
+        if code not in (None, 0):  # the console script passes what its function returns to sys.exit
+            raise SystemExit(code)
+    elif command.kind == "module":
+        parent = command.target.rpartition(".")[0]
+        if parent:  # as `python -m` does, the module's package first
+            importlib.import_module(parent)
+        run_script(command.file, "__main__", command.target)
+    else:
+        run_script(command.file, "__main__")
+
+
+def run_script(script: Path, name: str, module_name: str | None = None) -> types.ModuleType:
     """Run `script` as the module `name` (`__main__`, as `python train.py` runs it) and keep it importable.
 
-    While it runs, the script is `sys.modules[name]`, as in a direct run. Afterwards the name goes back to its owner
+    While it runs, the script is `sys.modules[name]`, as in a direct run (`module_name`: run as `python -m` runs that
+    module). Afterwards the name goes back to its owner
     (pytest's own `__main__`), and the module stays importable under a name of its own, which the classes and
     functions it defined now carry: pickle finds them by that name, so a `TrainingArguments` subclass, a collator
     dataclass or a callback of the script survives `torch.save` and checkpoints as in a direct run. The module is
@@ -297,6 +333,9 @@ def run_script(script: Path, name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__file__ = str(script)
     module.__dict__.update(__builtins__=builtins, __spec__=None, __loader__=None, __package__=None)
+    if module_name is not None:  # `python -m pkg.mod`: its spec and package, so that its relative imports work
+        module.__spec__ = importlib.util.spec_from_file_location(module_name, script)
+        module.__package__ = module_name.rpartition(".")[0]
     with io.open_code(str(script)) as source:
         code = compile(source.read(), str(script), "exec")
     owner = sys.modules.get(name)
@@ -364,12 +403,16 @@ def _library_of(error: BaseException) -> str | None:
     return frames.library(trace.tb_frame.f_code.co_filename)
 
 
-def _exit_error(script: Path, exit: SystemExit, last_lines: list[str], given: list[str]) -> ScriptError:
+def _exit_error(command: Command, exit: SystemExit, last_lines: list[str]) -> ScriptError:
     output = "\n".join(f"    | {line}" for line in last_lines) or "    (no output)"
+    script, given = command.file, list(command.args)
     if exit.code == 2 and any("usage:" in line or "error:" in line for line in last_lines):
         fix = (
             f"the script's argument parser rejected {given}: give the arguments it needs with "
             '--trainer-args="--name value ..." (or the trainer_args ini key)'
+            if not command.read_launches
+            else f"the command's argument parser rejected {given}: change them in `{command.text}` until the "
+            "command runs as it is"
         )
     else:
         fix = "let the script reach trainer.train() without exiting, or use --trainer-factory=NAME"
@@ -392,6 +435,7 @@ def _script_frame(script: Path, error: BaseException) -> str | None:
 @contextmanager
 def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[None]:
     """Point every TrainingArguments at the sandbox, record each Trainer, stop at the first train()."""
+    import torch
     from transformers import Trainer, TrainingArguments
 
     original_post_init = TrainingArguments.__post_init__
@@ -400,6 +444,7 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
     def post_init(self: Any) -> None:
         if self.output_dir:
             capture.folders.watch(self.output_dir)
+        launched = launcher_precision_for_this_machine(self)
         asked = precision_for_this_machine(self)
         unexercised = engines_for_this_machine(self)
         if unexercised and unexercised not in capture.unexercised:
@@ -409,12 +454,13 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         if fsdp is not None:
             capture.fsdp = fsdp
         sandbox_arguments(self, sandbox)
-        capture.asked.update(asked)
+        capture.asked.update(asked + launched)
+        wants = [f"{name}=True" for name in asked] + [f"mixed_precision={name} (its launcher's)" for name in launched]
         line = (
-            f"the script asks for {', '.join(f'{name}=True' for name in asked)}; this machine has no GPU, so "
+            f"the script asks for {', '.join(wants)}; this machine has no GPU, so "
             "the items run in fp32 and the precision stage checks the script's own precision"
         )
-        if asked and line not in capture.precision:
+        if wants and not torch.cuda.is_available() and line not in capture.precision:
             capture.precision.append(line)
 
     # Frameworks read these signatures (to choose between processing_class= and tokenizer=, say): each replacement
@@ -464,6 +510,20 @@ def precision_for_this_machine(args: Any) -> list[str]:
     for name in asked:
         setattr(args, name, None if name == "tf32" else False)
     return asked
+
+
+def launcher_precision_for_this_machine(args: Any) -> list[str]:
+    """The mixed precision a launcher set for the script (`accelerate launch --mixed_precision bf16` sets
+    ACCELERATE_MIXED_PRECISION, which the Trainer follows where the arguments ask for none); without a GPU it is
+    turned off for this run, as the arguments' own precision is."""
+    import torch
+
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    if launched not in ("bf16", "fp16") or any(getattr(args, name, None) for name in ("bf16", "fp16")):
+        return []
+    if not torch.cuda.is_available():
+        os.environ["ACCELERATE_MIXED_PRECISION"] = "no"  # put back with the rest of the environment after the script
+    return [launched]
 
 
 def engines_for_this_machine(args: Any) -> str | None:
@@ -562,9 +622,9 @@ def _sample(loaded: Any, rows: int, capture: _Capture, source: str, split: str =
 
 
 @contextmanager
-def _process_state_restored(script: Path, script_args: tuple[str, ...], seed: int = SCRIPT_SEED) -> Iterator[None]:
-    """Give the script the process `python script` would, and take back everything it changed (signal handlers
-    included)."""
+def _process_state_restored(command: Command, seed: int = SCRIPT_SEED) -> Iterator[None]:
+    """Give the script the process its command would (`python script`), and take back everything it changed (signal
+    handlers included)."""
     import numpy
     import torch
 
@@ -578,8 +638,14 @@ def _process_state_restored(script: Path, script_args: tuple[str, ...], seed: in
     # A framework may catch Ctrl-C to save its model where its config says (axolotl does): that is for a real run.
     handled = [signal.SIGINT, signal.SIGTERM] if threading.current_thread() is threading.main_thread() else []
     saved_handlers = [(number, signal.getsignal(number)) for number in handled]
-    sys.argv = [str(script), *script_args]
-    sys.path.insert(0, str(script.parent))
+    sys.argv = list(command.argv)
+    if command.cwd is not None:
+        os.chdir(command.cwd)
+    os.environ.update(dict(command.environment))
+    if command.kind == "script":  # python puts the script's folder first on the path; `python -m` the working one
+        sys.path.insert(0, str(command.file.parent))
+    elif command.kind == "module":
+        sys.path.insert(0, os.getcwd())
     # A fresh process would start from the same random state whatever ran before: so does the script,
     # so a model it builds before seeding anything gets the same weights in every run.
     random.seed(seed)
@@ -601,6 +667,64 @@ def _process_state_restored(script: Path, script_args: tuple[str, ...], seed: in
         for number, handler in saved_handlers:
             if handler is not None:
                 signal.signal(number, handler)
+
+
+@contextmanager
+def _launches_read(command: Command, capture: _Capture, seed: int) -> Iterator[None]:
+    """Where a command starts its training as a new process (`axolotl train` execs `accelerate launch -m
+    axolotl.cli.train ...`, `swift sft` runs `python .../sft.py ...`), read that command and run it here instead, as
+    the launcher in front of a command is read. Only a Python or launcher command whose output is not captured is
+    taken; any other (a git call, a `python -c` probe) runs as asked."""
+    import subprocess
+
+    if not command.read_launches:
+        yield
+        return
+
+    def training(args: Any, cwd: Any = None, env: Any = None) -> Command | None:
+        words = shlex.split(args) if isinstance(args, str) else [os.fspath(word) for word in args]
+        changed = {name: value for name, value in (env or {}).items() if os.environ.get(name) != value}
+        try:
+            return commands.read(words, Path(cwd or os.getcwd()), changed)
+        except (CommandError, IndexError):
+            return None
+
+    def run_here(started: Command) -> None:
+        capture.started_here.append(started.text)
+        if started.launch is not None:
+            capture.launches.append(started.launch)
+        with _process_state_restored(started, seed):
+            run_command(started)
+
+    def calling(original: Any) -> Any:
+        @functools.wraps(original)
+        def call(args: Any, *rest: Any, **kwargs: Any) -> Any:
+            captured = kwargs.get("capture_output") or subprocess.PIPE in (kwargs.get("stdout"), kwargs.get("stderr"))
+            started = None if captured or kwargs.get("shell") else training(args, kwargs.get("cwd"), kwargs.get("env"))
+            if started is None:
+                return original(args, *rest, **kwargs)
+            run_here(started)  # it stops at trainer.train(); a command that returns built no Trainer
+            return subprocess.CompletedProcess(args, 0) if original is subprocess.run else 0
+
+        return call
+
+    def replacing(original: Any, with_environment: bool) -> Any:
+        @functools.wraps(original)
+        def replace(path: Any, args: Any, *env: Any) -> Any:
+            started = training(args, None, env[0] if with_environment and env else None)
+            if started is None:
+                return original(path, args, *env)
+            run_here(started)
+            raise SystemExit(0)  # the process was replaced by one that ended
+
+        return replace
+
+    with ExitStack() as patches:
+        for name in ("run", "call", "check_call"):
+            patches.enter_context(mock.patch.object(subprocess, name, calling(getattr(subprocess, name))))
+        for name, with_environment in (("execv", False), ("execve", True), ("execvp", False), ("execvpe", True)):
+            patches.enter_context(mock.patch.object(os, name, replacing(getattr(os, name), with_environment)))
+        yield
 
 
 class _Tail:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_trainer import heap
+from pytest_trainer.commands import Command, Launch
 from pytest_trainer.diagnosis import ScriptError
 from pytest_trainer.plan import blocked_by
 from pytest_trainer.script_runner import Sandbox, load_trainer, script_modules
@@ -46,7 +47,7 @@ class TrainerSession:
     def __init__(self, settings: Settings, rootpath: Path) -> None:
         self.settings = settings
         self.rootpath = rootpath
-        self._scripts: dict[tuple[Path, str], Pipeline | ScriptError] = {}
+        self._scripts: dict[tuple[Command, str], Pipeline | ScriptError] = {}
         self._fixture_pipelines: dict[int, tuple[Any, Pipeline]] = {}
         self._blocked: dict[tuple[str, str, str], str] = {}
         self.cuda_broken: str | None = None
@@ -70,28 +71,30 @@ class TrainerSession:
                 return
 
     def script_pipeline(
-        self, script: Path, factory: str | None, model: str | None = None, device: str | None = None
+        self, command: Command, factory: str | None, model: str | None = None, device: str | None = None
     ) -> Pipeline:
-        """The pipeline of a script, which runs once per process however many items use it (once per way its model is
-        built, where a marker's model= differs from --trainer-model).
+        """The pipeline of a script (or a command), which runs once per process however many items use it (once per way
+        its model is built, where a marker's model= differs from --trainer-model).
 
         On a machine with a GPU, `auto` builds a model of 1B parameters or more at full size for the cuda items; the
         cpu items get its twin, as a machine without a GPU would (the script runs once more for them).
         """
-        key = (script, model or self.settings.model)
+        key = (command, model or self.settings.model)
         if key not in self._scripts:
             try:
-                self._scripts[key] = self._load(script, factory, key[1])
+                self._scripts[key] = self._load(command, factory, key[1])
             except ScriptError as error:
                 self._scripts[key] = error
         found = self._scripts[key]
         if isinstance(found, ScriptError):
             raise found
         if device == "cpu" and key[1] == "auto" and _too_large_for_cpu(found):
-            return self.script_pipeline(script, factory, "twin")
+            return self.script_pipeline(command, factory, "twin")
         return found
 
-    def _load(self, script: Path, factory: str | None, model: str) -> Pipeline:
+    def _load(self, command: Command, factory: str | None, model: str) -> Pipeline:
+        script = command.file
+
         def hung() -> ScriptError:
             return ScriptError(
                 script,
@@ -105,7 +108,11 @@ class TrainerSession:
         known = script_modules()
         try:
             with time_limit(self.settings.timeout, hung):
-                loaded = load_trainer(script, self.settings.script_args, factory, sandbox)
+                loaded = load_trainer(command, factory, sandbox)
+        except ScriptError as error:
+            if command.read_launches:
+                error.name = f"`{command.text}`"
+            raise
         finally:
             self._modules |= script_modules() - known
         name = script.relative_to(self.rootpath).as_posix() if script.is_relative_to(self.rootpath) else script.name
@@ -117,11 +124,15 @@ class TrainerSession:
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
         pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)
         pipeline.notes.extend(f"the libraries said while the Trainer was built: {line}" for line in loaded.said)
+        pipeline.notes.extend(
+            f"in this process: `{line}`, which the command starts as a new process" for line in loaded.started_here
+        )
+        pipeline.notes.extend(launch_notes(loaded.launches, self.settings.processes))
         if loaded.folders is not None:
             self._written.append(loaded.folders)
             pipeline.notes.extend(f"put back: {line}" for line in loaded.folders.written())
         pipeline.asked_precision = loaded.asked_precision
-        pipeline.script, pipeline.factory, pipeline.asked_fsdp = script, factory, loaded.fsdp
+        pipeline.command, pipeline.factory, pipeline.asked_fsdp = command, factory, loaded.fsdp
         return pipeline
 
     def fixture_pipeline(self, trainer: Any, name: str) -> Pipeline:
@@ -166,3 +177,24 @@ def _too_large_for_cpu(pipeline: Pipeline) -> bool:
     if pipeline.twins or not torch.cuda.is_available():
         return False
     return sum(parameter.numel() for parameter in pipeline.model.parameters()) >= CPU_LIMIT
+
+
+def launch_notes(launches: tuple[Launch, ...], processes: int) -> list[str]:
+    """What the launchers in front of the script ask for that one process does not do, and the option that does it."""
+    notes = []
+    for launch in launches:
+        if launch.processes is None or launch.processes > 1:
+            count = launch.processes or 2
+            asked = f"{launch.processes} processes" if launch.processes else "a process per GPU"
+            given = f" ({launch.asked})" if launch.asked else ""
+            tested = (
+                f"the distributed items train it in {processes}"
+                if processes > 1
+                else f"--trainer-processes={count} trains it in {count} on this machine (DDP on gloo)"
+            )
+            notes.append(f"launcher: {launch.launcher} asks for {asked}{given}; the items run in one, and {tested}")
+        if launch.engine:
+            notes.append(
+                f"not exercised: {launch.launcher} sets up {launch.engine}, which needs several processes on GPUs"
+            )
+    return notes

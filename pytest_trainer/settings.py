@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_trainer.commands import Command
 from pytest_trainer.devices import DEVICES
 
 #: Defaults of the settings (kept here: reading options imports no torch).
@@ -22,6 +23,8 @@ class Settings:
 
     modules: tuple[Path, ...] = ()
     script_args: tuple[str, ...] = ()
+    #: Commands as the user runs them (`--trainer-command`), each read down to the Python file it runs.
+    commands: tuple[Command, ...] = ()
     factory: str | None = None
     #: The stages selected, in plan order (empty: every stage).
     stages: tuple[str, ...] = ()

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_trainer.commands import Command
+
 #: Lines of torchrun's output kept for a failure's details.
 TAIL = 25
 #: A rank of the table of failures torchrun prints as it exits: `rank : 1 (local_rank: 1)`, then
@@ -33,8 +35,8 @@ ROOT_CAUSE = "Root Cause (first observed failure)"
 class Job:
     """What every rank runs: the script as the pytest process loaded it, and what to do with its Trainer."""
 
-    script: Path
-    script_args: tuple[str, ...]
+    #: The command that built the Trainer (a --trainer-module script is `python SCRIPT ARGS`).
+    command: Command
     factory: str | None
     sample: int
     batch_size: int
@@ -82,8 +84,7 @@ def run(job: Job, timeout: float) -> Ranks:
     job_file.write_text(
         json.dumps(
             {
-                "script": str(job.script),
-                "script_args": list(job.script_args),
+                "command": job.command.to_json(),
                 "factory": job.factory,
                 "sample": job.sample,
                 "batch_size": job.batch_size,

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_trainer import diagnosis, families, training
+from pytest_trainer.commands import Command
 from pytest_trainer.distributed import sharding
 from pytest_trainer.script_runner import SCRIPT_SEED, Sandbox, load_trainer
 
@@ -89,7 +90,7 @@ def run(job: dict[str, Any], record: Record, rank: int) -> None:
         seed=SCRIPT_SEED + rank,
         model=job.get("model", "auto"),
     )  # rank 0 as the pytest process; the others each their own
-    loaded = load_trainer(Path(job["script"]), tuple(job["script_args"]), job["factory"], sandbox)
+    loaded = load_trainer(Command.from_json(job["command"]), job["factory"], sandbox)
     trainer = loaded.trainer
     record["progress"] = "reading the data the script built"
     record["data"] = data_facts(trainer)

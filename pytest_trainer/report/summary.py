@@ -355,6 +355,8 @@ def changed_notes(records: list[ItemRecord]) -> list[str]:
                 "baseline:",
                 "the libraries said while the Trainer was built:",
                 "evaluation:",
+                "launcher:",
+                "in this process:",
             )
         )
     )

@@ -34,7 +34,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
     count = pipeline.settings.processes
-    if pipeline.script is None:
+    if pipeline.command is None:
         pytest.skip(
             "distributed runs a script in new processes: a Trainer from a `trainer` fixture has none "
             "(give the marker module=)"
@@ -52,8 +52,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result.notes.extend(f"not exercised: {line}" for line in unexercised)
     with tempfile.TemporaryDirectory(prefix="pytest-trainer-ranks-") as folder:
         job = processes.Job(
-            pipeline.script,
-            pipeline.settings.script_args,
+            pipeline.command,
             pipeline.factory,
             pipeline.settings.sample,
             pipeline.settings.batch_size,
