@@ -309,6 +309,7 @@ def _launched(launcher: str, words: list[str], cwd: Path, environment: dict[str,
 
 def _parsed(parser: argparse.ArgumentParser, words: list[str], launcher: str) -> argparse.Namespace:
     errors = io.StringIO()
+    parser.prog = launcher
     try:
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(errors):
             return parser.parse_args(words)

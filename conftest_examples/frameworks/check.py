@@ -3,10 +3,12 @@
 Usage: python check.py FRAMEWORK    (llamafactory, axolotl or swift), from an empty folder, in a virtualenv that has the
 framework and pytest-trainer installed (tox -e llamafactory, say, does all of it).
 
-It builds a tiny Qwen2 model, its tokenizer and data in ./tiny (make_tiny.py), then for each case of the framework:
+It builds a tiny Qwen2 model, its tokenizer and data in ./tiny (make_tiny.py), then for each case of the framework,
+given as the command its users run (`--trainer-command="llamafactory-cli train sft.yaml"`):
 
 - a correct configuration: every item that runs passes, and the run leaves no file in this folder (the framework's
-  output folder included);
+  output folder included); the same configuration given as the framework's entry file (`--trainer-module` and
+  `--trainer-args`) gives the same items with the same outcomes;
 - the same configuration with a learning rate of 0, given through the framework's own settings: `step` fails and
   says so;
 - the first case on a real 7B checkpoint of which only the config and tokenizer files are here: every item passes on
@@ -20,7 +22,9 @@ It prints each run's summary and exits 1 on the first case that does not hold.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -45,18 +49,26 @@ def entry(package: str, *parts: str) -> str:
     return str(Path(spec.origin).parent.joinpath(*parts))
 
 
-def cases(framework: str) -> list[tuple[str, str, str, str]]:
-    """(name, entry file, --trainer-args, the learning-rate-0 override) of each case."""
+def cases(framework: str) -> list[tuple[str, str, str, str, str]]:
+    """(name, the command its users run, its entry file, --trainer-args, the learning-rate-0 override) of each
+    case; the command's arguments follow it as --trainer-args follows the entry file."""
     if framework == "llamafactory":
         launcher = entry("llamafactory", "launcher.py")
         return [
-            (f"LoRA {stage.upper()}", launcher, str(HERE / "llamafactory" / f"{stage}.yaml"), "learning_rate=0")
+            (
+                f"LoRA {stage.upper()}",
+                "llamafactory-cli train",
+                launcher,
+                shlex.quote(str(HERE / "llamafactory" / f"{stage}.yaml")),
+                "learning_rate=0",
+            )
             for stage in ("sft", "dpo")
         ]
     if framework == "swift":
         return [
             (
                 "LoRA SFT",
+                "swift sft",
                 entry("swift", "cli", "sft.py"),
                 (HERE / "swift" / "sft.args").read_text().strip(),
                 "--learning_rate 0",
@@ -65,7 +77,13 @@ def cases(framework: str) -> list[tuple[str, str, str, str]]:
     if framework == "axolotl":
         train = entry("axolotl", "cli", "train.py")
         return [
-            (f"LoRA SFT{name}", train, str(HERE / "axolotl" / config), "--learning_rate=0")
+            (
+                f"LoRA SFT{name}",
+                "axolotl train",
+                train,
+                shlex.quote(str(HERE / "axolotl" / config)),
+                "--learning_rate=0",
+            )
             for name, config in (("", "sft.yml"), (" with sample_packing", "packing.yml"))
         ]
     sys.exit(f"usage: python {Path(__file__).name} llamafactory|axolotl|swift")
@@ -92,18 +110,13 @@ def files_here() -> set[str]:
     return found
 
 
-def pytest(module: str, arguments: str, *options: str) -> tuple[int, str]:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-rA",
-        f"--trainer-module={module}",
-        f"--trainer-args={arguments}",
-        *options,
-    ]
+def pytest(command: str, *options: str) -> tuple[int, str]:
+    """Run pytest on the command its users run (`llamafactory-cli train sft.yaml`)."""
+    return run_pytest(f"--trainer-command={command}", *options)
+
+
+def run_pytest(*options: str) -> tuple[int, str]:
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *options]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     output = done.stdout + done.stderr
     summary = [line for line in output.splitlines() if "failed:" in line or " passed" in line or "fix:" in line]
@@ -111,37 +124,54 @@ def pytest(module: str, arguments: str, *options: str) -> tuple[int, str]:
     return done.returncode, output
 
 
+def outcomes(report: str) -> dict[str, tuple[str, str]]:
+    """Each item's outcome and diagnosis in a JSON report, by stage and device."""
+    items = json.loads(Path(report).read_text())["items"]
+    Path(report).unlink()
+    return {f"{item['stage']}[{item['device']}]": (item["outcome"], item["diagnosis"]) for item in items}
+
+
 def main() -> None:
     framework = sys.argv[1] if len(sys.argv) == 2 else ""
     found = cases(framework)
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", AXOLOTL_DO_NOT_TRACK="1")
     subprocess.run([sys.executable, str(HERE / "make_tiny.py"), "tiny"], check=True)
-    for name, module, arguments, zero in found:
-        print(f"== {framework}, {name}: a correct configuration", flush=True)
+    for name, cli, module, arguments, zero in found:
+        command = f"{cli} {arguments}"
+        print(f"== {framework}, {name}: a correct configuration, `{command}`", flush=True)
         before = files_here()
-        code, output = pytest(module, arguments)
-        left = sorted(files_here() - before)
+        code, output = pytest(command, "--trainer-report=command.json")
+        left = sorted(files_here() - before - {"./command.json"})
         if code != 0 or left:
             print(output[-6000:])
             sys.exit(
                 f"{framework}, {name}: expected every item to pass and no file left; pytest exited {code}, "
                 f"files left: {left}"
             )
+        print(f"== {framework}, {name}: the same as its entry file, {Path(module).name}", flush=True)
+        code, output = run_pytest(
+            f"--trainer-module={module}", f"--trainer-args={arguments}", "--trainer-report=module.json"
+        )
+        given, entry_file = outcomes("command.json"), outcomes("module.json")
+        if given != entry_file:
+            print(output[-6000:])
+            sys.exit(f"{framework}, {name}: the command gave {given}, its entry file {entry_file}")
         print(f"== {framework}, {name}: learning rate 0", flush=True)
-        code, output = pytest(module, f"{arguments} {zero}", "--trainer-stages=load,step")
+        code, output = pytest(f"{command} {zero}", "--trainer-stages=load,step")
         if code != 1 or LEARNING_RATE_ZERO not in output:
             print(output[-6000:])
             sys.exit(f"{framework}, {name}: expected step to fail with {LEARNING_RATE_ZERO!r}; pytest exited {code}")
-    name, module, arguments, _ = found[0]
+    name, cli, _, arguments, _ = found[0]
+    command = f"{cli} {arguments}"
     print(f"== {framework}, {name}: on {CHECKPOINT.replace('--', '/')}, its config and tokenizer only", flush=True)
     checkpoint = real_checkpoint(Path("tiny"))
-    code, output = pytest(module, f"{arguments} {MODEL_SETTING[framework].format(checkpoint)}")
+    code, output = pytest(f"{command} {MODEL_SETTING[framework].format(checkpoint)}")
     if code != 0 or TWIN not in output:
         print(output[-6000:])
         sys.exit(f"{framework}, {name}: expected every item to pass on the checkpoint's twin; pytest exited {code}")
     if framework == "llamafactory":
         print(f"== {framework}, {name}: answers cut by {CUT_OFF[0]}", flush=True)
-        code, output = pytest(module, f"{arguments} {CUT_OFF[0]}", "--trainer-stages=load,collate,targets")
+        code, output = pytest(f"{command} {CUT_OFF[0]}", "--trainer-stages=load,collate,targets")
         if code != 1 or CUT_OFF[1] not in output:
             print(output[-6000:])
             sys.exit(f"{framework}, {name}: expected targets to fail with {CUT_OFF[1]!r}; pytest exited {code}")

@@ -75,6 +75,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.tables",
         "pytest_trainer.devices",
         "pytest_trainer.settings",
+        "pytest_trainer.commands",
         "pytest_trainer.diagnosis",
         "pytest_trainer.timeouts",
         "pytest_trainer.stack",
@@ -100,7 +101,7 @@ ROLES: tuple[str, ...] = (
     "running a script up to trainer.train(), and the explanation rows of the errors it raises",
     "twins of real checkpoints: where their files are, their configs narrowed, the models built in their place",
     "what a task's labels and inputs are",
-    "facts: the model, tables, devices, settings, the error base, whose code a frame runs, the user's files, "
+    "facts: the model, tables, devices, settings, commands as the user runs them, the error base, whose code a frame runs, the user's files, "
     "metric settings, renames, what an explanation row is, the objects kept out of the garbage collector's way",
 )
 

@@ -1,0 +1,264 @@
+"""`--trainer-command`: the command the user already runs, pasted as it is, gives the items a --trainer-module script
+gives, with the same results; a launcher in front is read, not run; a console script that starts its training as a new
+process (as axolotl and ms-swift do) is followed into it. The frameworks' own CLIs are held to it by
+conftest_examples/frameworks/check.py, in their own environments."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: A script that takes its learning rate from the command line, as most do.
+TRAIN = """
+    import argparse
+    import tiny
+    from transformers import Trainer, TrainingArguments
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--lr", type=float, default=5e-4)
+        options = parser.parse_args()
+        tok = tiny.tokenizer()
+        args = TrainingArguments(output_dir="out", learning_rate=options.lr, per_device_train_batch_size=8,
+                                 report_to="none")
+        trainer = Trainer(model=tiny.classifier(), args=args, processing_class=tok,
+                          train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+        trainer.train()
+
+    if __name__ == "__main__":
+        main()
+"""
+STAGES = "--trainer-stages=load,forward,step"
+
+
+@pytest.fixture
+def repo(project: pytest.Pytester) -> pytest.Pytester:
+    """A repository with `train.py`, the same training as a package module (`trainpkg.train`, which imports its
+    package's own module relatively) and an installed console script whose subcommands start it the ways the
+    frameworks' CLIs do."""
+    project.path.joinpath("train.py").write_text(textwrap.dedent(TRAIN))
+    package = project.path / "trainpkg"
+    package.mkdir()
+    package.joinpath("__init__.py").write_text("")
+    package.joinpath("defaults.py").write_text("LR = 5e-4\n")
+    package.joinpath("train.py").write_text(
+        textwrap.dedent(TRAIN)
+        .replace("default=5e-4", "default=LR")
+        .replace("import tiny", "import tiny\nfrom .defaults import LR")
+    )
+    package.joinpath("cli.py").write_text(
+        textwrap.dedent(
+            """
+            import os, subprocess, sys
+
+            def main():
+                command, rest = sys.argv[1], sys.argv[2:]
+                if command == "train":  # in this process, as LLaMA-Factory's CLI does on one device
+                    from trainpkg import train
+                    sys.argv = [sys.argv[0], *rest]
+                    train.main()
+                elif command == "launch":  # replaces itself with a launcher, as axolotl's CLI does
+                    os.execvpe("accelerate", ["accelerate", "launch", "-m", "trainpkg.train", *rest], os.environ)
+                elif command == "spawn":  # runs the training file as a new process, as ms-swift's CLI does
+                    file = os.path.join(os.path.dirname(__file__), "train.py")
+                    version = subprocess.run([sys.executable, "--version"], capture_output=True, check=True)
+                    assert version.stdout.startswith(b"Python")  # a captured call is not a training: it runs
+                    result = subprocess.run([sys.executable, "-m", "trainpkg.train", *rest])
+                    sys.exit(result.returncode)
+                else:
+                    sys.exit(f"unknown command {command}")
+            """
+        )
+    )
+    # What pip writes for a console script: a dist-info folder beside the package, on the path.
+    info = project.path / "trainpkg-0.1.dist-info"
+    info.mkdir()
+    info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: trainpkg\nVersion: 0.1\n")
+    info.joinpath("entry_points.txt").write_text("[console_scripts]\ntrainpkg-cli = trainpkg.cli:main\n")
+    project.syspathinsert()
+    return project
+
+
+def items(project: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, dict[tuple[str, str], dict[str, Any]]]:
+    """Run pytest on the CPU, and each item of the JSON report by (script, item)."""
+    result = project.runpytest("--trainer-devices=cpu", "--trainer-report=report.json", *args)
+    report = json.loads((project.path / "report.json").read_text())
+    found = {(item["script"], f"{item['stage']}[{item['device']}]"): item for item in report["items"]}
+    return result, found
+
+
+def verdicts(found: dict[tuple[str, str], dict[str, Any]], script: str) -> dict[str, tuple[str, str]]:
+    return {name: (item["outcome"], item["diagnosis"]) for (of, name), item in found.items() if of == script}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "python train.py --lr 0",
+        "python -m trainpkg.train --lr 0",
+        "trainpkg-cli train --lr 0",
+        "trainpkg-cli launch --lr 0",
+        "trainpkg-cli spawn --lr 0",
+        "accelerate launch --num_processes 2 train.py --lr 0",
+        "torchrun --nproc_per_node 2 train.py --lr 0",
+        "python -m torch.distributed.run --nproc-per-node=2 -m trainpkg.train --lr 0",
+    ],
+)
+def test_a_command_gives_the_items_and_results_of_its_script(repo: pytest.Pytester, command: str) -> None:
+    result, found = items(
+        repo, f"--trainer-command={command}", "--trainer-module=train.py", "--trainer-args=--lr 0", STAGES
+    )
+    assert verdicts(found, command) == verdicts(found, "train.py")
+    assert verdicts(found, command)["step[cpu]"][0] == "failed"
+    assert "the learning rate is 0" in verdicts(found, command)["step[cpu]"][1]
+    result.stdout.fnmatch_lines([f"*step[[]cpu[]] of `{command}`*", "step[[]cpu[]] failed: the learning rate is 0*"])
+
+
+def test_a_correct_command_passes(repo: pytest.Pytester) -> None:
+    result, found = items(repo, "--trainer-command=trainpkg-cli launch", STAGES)
+    assert {item["outcome"] for item in found.values()} == {"passed"}
+    result.stdout.fnmatch_lines(
+        ["*in this process: `accelerate launch -m trainpkg.train`, which the command starts as a new process*"]
+    )
+    assert result.ret == 0
+
+
+def test_a_launchers_process_count_is_said_with_the_option_that_tests_it(repo: pytest.Pytester) -> None:
+    result, _ = items(
+        repo, "--trainer-command=torchrun --nproc_per_node 4 --nnodes 2 train.py", "--trainer-stages=load"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "launcher: torchrun asks for 8 processes (--nproc_per_node 4 --nnodes 2); the items run in one, and "
+            "--trainer-processes=8 trains it in 8 on this machine (DDP on gloo)"
+        ]
+    )
+
+
+def test_a_launchers_mixed_precision_is_the_scripts(repo: pytest.Pytester) -> None:
+    result, found = items(
+        repo, "--trainer-command=accelerate launch --mixed_precision fp16 train.py", "--trainer-stages=load,precision"
+    )
+    result.stdout.fnmatch_lines(
+        ["precision: the script asks for mixed_precision=fp16 (its launcher's); this machine has no GPU*"]
+    )
+    precision = found[("accelerate launch --mixed_precision fp16 train.py", "precision[cpu]")]
+    assert precision["outcome"] == "passed", precision
+    assert any("fp16" in note for note in precision["notes"]), precision["notes"]
+    plain, _ = items(repo, "--trainer-command=accelerate launch train.py", "--trainer-stages=load")
+    assert "precision:" not in plain.stdout.str()
+
+
+def test_an_accelerate_config_file_is_read_as_the_launcher_reads_it(repo: pytest.Pytester) -> None:
+    repo.path.joinpath("multi.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 4\nnum_machines: 1\n"
+        "mixed_precision: bf16\nmachine_rank: 0\n"
+    )
+    result, _ = items(
+        repo, "--trainer-command=accelerate launch --config_file multi.yaml train.py", "--trainer-stages=load"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*mixed_precision=bf16 (its launcher's)*",
+            "launcher: accelerate launch asks for 4 processes (num_processes in multi.yaml 4)*",
+            "not exercised: accelerate launch sets up FSDP, which needs several processes on GPUs",
+        ]
+    )
+
+
+def test_commands_come_from_the_ini_file_one_per_line_and_are_chosen_by_k(repo: pytest.Pytester) -> None:
+    repo.makeini(
+        """
+        [pytest]
+        trainer_command =
+            python train.py --lr 1e-3
+            python -m trainpkg.train
+        """
+    )
+    result, found = items(repo, "-k", "trainpkg and forward", STAGES)
+    assert {script for script, _ in found} == {"python -m trainpkg.train"}
+    assert {name for _, name in found} == {"forward[cpu]"}
+    result.assert_outcomes(passed=1, deselected=5)
+
+
+def test_the_marker_takes_a_command(repo: pytest.Pytester) -> None:
+    repo.makepyfile(
+        test_pipeline="""
+        import pytest
+
+        @pytest.mark.trainer_pipeline(command="trainpkg-cli spawn --lr 0", stages="load,step", devices="cpu")
+        def test_steps(trainer_stage):
+            trainer_stage.run()
+        """
+    )
+    result = repo.runpytest("test_pipeline.py", "-v")
+    result.stdout.fnmatch_lines(["*test_steps?load-cpu? PASSED*", "*test_steps?step-cpu? FAILED*"])
+    result.stdout.fnmatch_lines(["*the learning rate is 0*"])
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("nowhere-cli train cfg.yml", "nowhere-cli is not a console script installed in this Python environment"),
+        ("python -c 'import train'", "put that code in a file and give `python FILE`"),
+        ("torchrun --nproc_per_node 2", "torchrun does not accept --nproc_per_node 2: torchrun: error: the following"),
+        ("accelerate launch --num_processes two train.py", "accelerate launch does not accept"),
+        ("python nowhere.py", "runs nowhere.py, which is not a file under"),
+    ],
+)
+def test_a_command_that_cannot_be_read_is_a_usage_error(repo: pytest.Pytester, command: str, said: str) -> None:
+    result = repo.runpytest(f"--trainer-command={command}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--trainer-command on the command line: *{said}*"])
+
+
+def test_arguments_the_command_rejects_fail_load_naming_the_command(repo: pytest.Pytester) -> None:
+    result, found = items(repo, "--trainer-command=python -m trainpkg.train --lr", "--trainer-stages=load")
+    load = found[("python -m trainpkg.train --lr", "load[cpu]")]
+    assert load["outcome"] == "failed"
+    assert "argument --lr: expected one argument" in load["diagnosis"]
+    assert "change them in `python -m trainpkg.train --lr`" in load["fix"]
+    result.stdout.fnmatch_lines(["*`python -m trainpkg.train --lr`: the script exited*"])
+
+
+def test_a_command_leaves_the_process_and_the_repository_as_it_found_them(repo: pytest.Pytester) -> None:
+    before = sorted(str(path.relative_to(repo.path)) for path in repo.path.rglob("*") if "__pycache__" not in str(path))
+    result, _ = items(
+        repo, "--trainer-command=A_VARIABLE=1 trainpkg-cli launch", "--trainer-stages=load", "-p", "no:cacheprovider"
+    )
+    assert result.ret == 0
+    import os
+
+    assert "A_VARIABLE" not in os.environ
+    after = sorted(
+        str(path.relative_to(repo.path))
+        for path in Path(repo.path).rglob("*")
+        if "__pycache__" not in str(path) and path.name != "report.json"
+    )
+    assert after == before
+
+
+@pytest.mark.slow
+def test_the_distributed_items_run_the_commands_script_in_several_processes(repo: pytest.Pytester) -> None:
+    command = "torchrun --nproc_per_node 2 -m trainpkg.train --lr 1e-3"
+    result = repo.runpytest_subprocess(
+        f"--trainer-command={command}",
+        "--trainer-devices=cpu",
+        "--trainer-processes=2",
+        "--trainer-stages=distributed",
+        "--trainer-report=report.json",
+    )
+    report = json.loads((repo.path / "report.json").read_text())
+    distributed = next(item for item in report["items"] if item["stage"] == "distributed")
+    assert distributed["outcome"] == "passed", result.stdout.str()
+    assert "engine: 2 processes under torch.distributed.run, DDP on gloo, 3 steps" in distributed["notes"]
+    result.stdout.fnmatch_lines(
+        [
+            "launcher: torchrun asks for 2 processes (--nproc_per_node 2); the items run in one, and the distributed "
+            "items train it in 2"
+        ]
+    )
