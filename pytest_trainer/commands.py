@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Command", "CommandError", "Launch", "parse", "read", "script_command"]
+__all__ = ["Command", "CommandError", "Launch", "launcher_of", "parse", "read", "script_command"]
 
 #: `NAME=value` before the command, as a shell reads it.
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -202,6 +202,21 @@ def read(words: list[str], cwd: Path, environment: dict[str, str] | None = None)
     return _entry_point(head, rest, cwd, environment, text)
 
 
+def launcher_of(words: list[str]) -> str | None:
+    """The launcher a command's words start (`torchrun`, `accelerate launch`, `deepspeed`, or one run with
+    `python -m`), or None."""
+    words = [word for word in words if not ASSIGNMENT.match(word)]
+    name = Path(words[0]).name if words else ""
+    if name in ("torchrun", "deepspeed"):
+        return name
+    if name == "accelerate":
+        return "accelerate launch"
+    if (PYTHON.match(name) or name == Path(sys.executable).name) and "-m" in words:
+        module = words[words.index("-m") + 1] if words.index("-m") + 1 < len(words) else ""
+        return LAUNCHER_MODULES.get(module)
+    return None
+
+
 def _python(words: list[str], cwd: Path, environment: dict[str, str], text: str) -> Command:
     """`python [options] FILE ...` or `python [options] -m MODULE ...`."""
     index = 0
@@ -314,10 +329,8 @@ def _parsed(parser: argparse.ArgumentParser, words: list[str], launcher: str) ->
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(errors):
             return parser.parse_args(words)
     except SystemExit:
-        said = [line for line in errors.getvalue().splitlines() if "error:" in line]
-        raise CommandError(
-            f"{launcher} does not accept {shlex.join(words)}: {' '.join(said) or 'see its --help'}"
-        ) from None
+        said = [line.split("error:", 1)[1].strip() for line in errors.getvalue().splitlines() if "error:" in line]
+        raise CommandError(f"{launcher} refuses these arguments: {' '.join(said) or 'see its --help'}") from None
 
 
 Read = tuple[str | None, list[str], bool, bool, Launch, dict[str, str]]

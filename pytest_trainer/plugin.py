@@ -79,7 +79,9 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Generator[
     resolved = file_path.resolve()
     # A command is named after itself, and collected from the file it runs first (several commands may share one).
     ours: list[pytest.Collector] = [
-        TrainerCommand.from_parent(parent, path=file_path, name=command.text, nodeid=command.text, command=command)
+        TrainerCommand.from_parent(
+            parent, path=file_path, name=command.text, nodeid=_command_id(command, parent.config), command=command
+        )
         for command in settings.commands
         if command.file.resolve() == resolved
     ]
@@ -93,6 +95,15 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Generator[
     if file_path.suffix == ".py" and file_path.resolve() in _given(parent.config) and usage.training_script(file_path):
         return [GivenScript.from_parent(parent, path=file_path)]
     return collected
+
+
+def _command_id(command: Command, config: pytest.Config) -> str:
+    """A command's node id: the command, under the folder it runs from where that is not the rootdir (so that pytest,
+    which shows node ids from where it was started, shows the command as given)."""
+    cwd = command.cwd
+    if cwd is None or cwd == config.rootpath or not cwd.is_relative_to(config.rootpath):
+        return command.text
+    return f"{cwd.relative_to(config.rootpath).as_posix()}/{command.text}"
 
 
 _GIVEN = pytest.StashKey[set[Path]]()

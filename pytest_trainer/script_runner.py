@@ -686,7 +686,17 @@ def _launches_read(command: Command, capture: _Capture, seed: int) -> Iterator[N
         changed = {name: value for name, value in (env or {}).items() if os.environ.get(name) != value}
         try:
             return commands.read(words, Path(cwd or os.getcwd()), changed)
-        except (CommandError, IndexError):
+        except CommandError as error:
+            if commands.launcher_of(words) is None:
+                return None  # not a training command (a `python -c` probe, a tool): it runs as asked
+            raise ScriptError(  # a launcher that would refuse what it is given: the run would stop there
+                command.file,
+                f"the command starts `{shlex.join(words)}`, and {error}",
+                f"change what `{command.text}` passes on to {commands.launcher_of(words)} (a framework's CLI passes "
+                "the options it does not know to its launcher): give them in the form the framework's own options "
+                "take",
+            ) from None
+        except IndexError:
             return None
 
     def run_here(started: Command) -> None:

@@ -82,7 +82,7 @@ def cases(framework: str) -> list[tuple[str, str, str, str, str]]:
                 "axolotl train",
                 train,
                 shlex.quote(str(HERE / "axolotl" / config)),
-                "--learning_rate=0",
+                "--learning-rate=0",  # axolotl's own option: the command passes one it does not know to accelerate
             )
             for name, config in (("", "sft.yml"), (" with sample_packing", "packing.yml"))
         ]

@@ -1,7 +1,7 @@
 """Reading a command as the user runs it (`commands`) down to the file Python runs and its argv, without running it.
 
 The launchers read with their own parsers (torchrun, accelerate launch) import torch: they are tested end to end
-(tests/e2e/test_commands.py). deepspeed is read without deepspeed, so here.
+(tests/e2e/test_trainer_command.py). deepspeed is read without deepspeed, so here.
 """
 
 from __future__ import annotations

@@ -63,6 +63,8 @@ def repo(project: pytest.Pytester) -> pytest.Pytester:
                     train.main()
                 elif command == "launch":  # replaces itself with a launcher, as axolotl's CLI does
                     os.execvpe("accelerate", ["accelerate", "launch", "-m", "trainpkg.train", *rest], os.environ)
+                elif command == "forward":  # passes what it does not know to its launcher, as axolotl's CLI does
+                    os.execvpe("accelerate", ["accelerate", "launch", *rest, "-m", "trainpkg.train"], os.environ)
                 elif command == "spawn":  # runs the training file as a new process, as ms-swift's CLI does
                     file = os.path.join(os.path.dirname(__file__), "train.py")
                     version = subprocess.run([sys.executable, "--version"], capture_output=True, check=True)
@@ -205,8 +207,11 @@ def test_the_marker_takes_a_command(repo: pytest.Pytester) -> None:
     [
         ("nowhere-cli train cfg.yml", "nowhere-cli is not a console script installed in this Python environment"),
         ("python -c 'import train'", "put that code in a file and give `python FILE`"),
-        ("torchrun --nproc_per_node 2", "torchrun does not accept --nproc_per_node 2: torchrun: error: the following"),
-        ("accelerate launch --num_processes two train.py", "accelerate launch does not accept"),
+        ("torchrun --nproc_per_node 2", "torchrun refuses these arguments: the following arguments are required"),
+        (
+            "accelerate launch --num_processes two train.py",
+            "accelerate launch refuses these arguments: argument --num_processes*: invalid int value: 'two'",
+        ),
         ("python nowhere.py", "runs nowhere.py, which is not a file under"),
     ],
 )
@@ -223,6 +228,16 @@ def test_arguments_the_command_rejects_fail_load_naming_the_command(repo: pytest
     assert "argument --lr: expected one argument" in load["diagnosis"]
     assert "change them in `python -m trainpkg.train --lr`" in load["fix"]
     result.stdout.fnmatch_lines(["*`python -m trainpkg.train --lr`: the script exited*"])
+
+
+def test_a_launcher_refusing_what_the_command_passes_on_fails_load_with_its_reason(repo: pytest.Pytester) -> None:
+    _, found = items(repo, "--trainer-command=trainpkg-cli forward --lr=0", "--trainer-stages=load")
+    load = found[("trainpkg-cli forward --lr=0", "load[cpu]")]
+    assert load["diagnosis"] == (
+        "the command starts `accelerate launch --lr=0 -m trainpkg.train`, and accelerate launch refuses these "
+        "arguments: unrecognized arguments: --lr=0"
+    )
+    assert load["fix"].startswith("change what `trainpkg-cli forward --lr=0` passes on to accelerate launch")
 
 
 def test_a_command_leaves_the_process_and_the_repository_as_it_found_them(repo: pytest.Pytester) -> None:
