@@ -26,9 +26,9 @@ import re
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["Command", "CommandError", "Launch", "launcher_of", "parse", "read", "script_command"]
 
@@ -110,7 +110,7 @@ class Command:
     #: `sys.argv` as that file sees it (argv[0] included).
     argv: tuple[str, ...]
     #: "script" (`python FILE`), "module" (`python -m MODULE`) or "entry point" (a console script).
-    kind: str = "script"
+    kind: Literal["script", "module", "entry point"] = "script"
     #: The module's name ("module"), or "module:function" ("entry point").
     target: str = ""
     #: The folder the command runs from; None: wherever pytest runs.
@@ -119,8 +119,6 @@ class Command:
     environment: tuple[tuple[str, str], ...] = ()
     #: The launcher in front of it, if any.
     launch: Launch | None = None
-    #: The commands read on the way, outermost first, when a launcher stood in front ("torchrun ... train.py").
-    through: tuple[str, ...] = field(default=())
     #: A training command the run starts as a new process (a framework's CLI starting `accelerate launch ...`) is
     #: read and run in this process instead (`--trainer-command`; a --trainer-module script runs as it is).
     read_launches: bool = False
@@ -319,7 +317,7 @@ def _launched(launcher: str, words: list[str], cwd: Path, environment: dict[str,
     environment = {**environment, **sets}
     inner = [script, *args] if no_python else [sys.executable, *(["-m"] if module else []), script, *args]
     command = read(inner, cwd, environment)
-    return replace(command, text=text, launch=launch, through=(text, *command.through))
+    return replace(command, text=text, launch=launch)
 
 
 def _parsed(parser: argparse.ArgumentParser, words: list[str], launcher: str) -> argparse.Namespace:

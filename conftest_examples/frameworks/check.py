@@ -35,8 +35,9 @@ LEARNING_RATE_ZERO = "step[cpu] failed: the learning rate is 0"
 #: framework's pipeline runs on its twin.
 CHECKPOINT = "Qwen--Qwen2.5-7B-Instruct"
 TWIN = "model: a twin of"
-#: How each framework's own settings name the model.
-MODEL_SETTING = {"llamafactory": "model_name_or_path={}", "swift": "--model {}", "axolotl": "--base_model={}"}
+#: How each framework's own command names the model (axolotl's CLI takes its options with dashes: one it does not
+#: know goes on to accelerate launch, which refuses it).
+MODEL_SETTING = {"llamafactory": "model_name_or_path={}", "swift": "--model {}", "axolotl": "--base-model={}"}
 #: LLaMA-Factory's SFT case with a cutoff_len shorter than many conversations, and what targets says of it.
 CUT_OFF = ("cutoff_len=24", "sampled answers are cut by cutoff_len=24 before their end")
 

@@ -71,12 +71,13 @@ def test_script_beside_regular_tests_is_not_imported_as_tests(project: pytest.Py
 
 def test_help_markers_and_fixtures_are_documented(pytester: pytest.Pytester) -> None:
     help_text = pytester.runpytest_subprocess("--help").stdout.str()
-    for option in ("--trainer-module", "--trainer-args", "--trainer-factory", "--trainer-stages", "--trainer-devices"):
-        assert option in help_text
-    for key in ("trainer_module", "trainer_args", "trainer_factory", "trainer_stages", "trainer_devices"):
-        assert key in help_text
+    for name in ("module", "command", "args", "factory", "stages", "devices"):
+        assert f"--trainer-{name}" in help_text
+        assert f"trainer_{name}" in help_text
     pytester.runpytest_subprocess("--markers").stdout.fnmatch_lines(
-        ["@pytest.mark.trainer_pipeline(module=None, stages=None, devices=None, factory=None, model=None):*"]
+        [
+            "@pytest.mark.trainer_pipeline(module=None, command=None, stages=None, devices=None, factory=None, model=None):*"
+        ]
     )
     fixtures = pytester.runpytest_subprocess("--fixtures").stdout.str()
     for name in ("trainer ", "trainer_stage ", "pipeline_device ", "train_batch "):
