@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from transformers import Trainer
 
     from pytest_trainer.commands import Command
+    from pytest_trainer.script_runner import Cut
     from pytest_trainer.twin.loading import Twin
 
 
@@ -43,6 +44,8 @@ class Pipeline:
         self.asked_fsdp: dict[str, Any] | None = None
         #: Facts about how the pipeline was loaded, for the report (sampling, say).
         self.notes: list[str] = []
+        #: The splits --trainer-sample cut as the script loaded them (the run's length is estimated from them).
+        self.cuts: tuple[Cut, ...] = ()
         #: How this kind of trainer makes its batches and takes its loss.
         self.family = families.family_of(trainer)
         #: The batches the model is fed, made as the Trainer makes them.

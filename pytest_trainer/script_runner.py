@@ -66,6 +66,8 @@ class _Capture:
         self.built: list[Trainer] = []
         self.started: Trainer | None = None
         self.sampled: list[str] = []
+        #: The splits --trainer-sample cut, with the rows kept and stored.
+        self.cuts: list[Cut] = []
         #: Mixed-precision settings turned off because this machine has no GPU, one line per arguments object.
         self.precision: list[str] = []
         #: The precision settings the script asked for, among GPU_PRECISION.
@@ -108,10 +110,21 @@ class Sandbox:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """A split --trainer-sample cut: its name ("train", or the source's), the rows kept and the rows stored."""
+
+    split: str
+    kept: int
+    stored: int
+
+
+@dataclass(frozen=True)
 class LoadedScript:
     trainer: Trainer
     #: What --trainer-sample cut, one line per split, for the report.
     sampled: tuple[str, ...]
+    #: The splits --trainer-sample cut, with the rows kept and stored.
+    cuts: tuple[Cut, ...] = ()
     #: Mixed precision asked for by the script and turned off on this machine without a GPU.
     precision: tuple[str, ...] = ()
     #: The precision settings the script asked for (bf16, fp16, ...), whether or not this machine could keep them.
@@ -202,6 +215,7 @@ def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> Loa
     return LoadedScript(
         trainer,
         tuple(capture.sampled),
+        tuple(capture.cuts),
         tuple(capture.precision),
         frozenset(capture.asked),
         tuple(capture.unexercised),
@@ -614,6 +628,7 @@ def _sample(loaded: Any, rows: int, capture: _Capture, source: str, split: str =
     if isinstance(loaded, datasets.Dataset) and len(loaded) > rows:
         # Spread over the split: stored data is often sorted (an image folder by class, a corpus by source).
         capture.sampled.append(f"{where}: {rows} of {len(loaded)} rows, evenly spaced")
+        capture.cuts.append(Cut(split or source, rows, len(loaded)))
         return loaded.select(tables.spread(len(loaded), rows))
     if isinstance(loaded, datasets.IterableDataset):
         capture.sampled.append(f"{where}: first {rows} rows of the stream")

@@ -346,14 +346,17 @@ def planned_steps(trainer: Trainer) -> int:
     return max(1, math.ceil(batches / args.gradient_accumulation_steps * args.num_train_epochs))
 
 
-def optimizer_for(trainer: Trainer, model: torch.nn.Module) -> tuple[Any, Any, Callable[[], None]]:
-    """The Trainer's own optimizer and scheduler for `model`, and how to put the Trainer's own back as they were."""
+def optimizer_for(
+    trainer: Trainer, model: torch.nn.Module, steps: int | None = None
+) -> tuple[Any, Any, Callable[[], None]]:
+    """The Trainer's own optimizer and scheduler for `model` (the scheduler made for `steps`, else for the steps of the
+    data at hand), and how to put the Trainer's own back as they were."""
     saved = (trainer.model, trainer.optimizer, trainer.lr_scheduler)
     given_state = copy.deepcopy(trainer.optimizer.state_dict()) if trainer.optimizer is not None else None
     trainer.model = model
     try:
         with diagnosis.pipeline_part("the Trainer's optimizer and scheduler"):
-            trainer.create_optimizer_and_scheduler(num_training_steps=planned_steps(trainer))
+            trainer.create_optimizer_and_scheduler(num_training_steps=steps or planned_steps(trainer))
         made = (trainer.optimizer, trainer.lr_scheduler)
     finally:
         trainer.model, trainer.optimizer, trainer.lr_scheduler = saved

@@ -1,11 +1,12 @@
 """`step`: the Trainer's own optimizer and scheduler take one step that changes the weights, and keeps its updates
-(weights in bf16 or fp16 updated in place lose an update below half their rounding step)."""
+(weights in bf16 or fp16 updated in place lose an update below half their rounding step); the learning rate over the
+whole run reaches its peak and stays above 0 to the end (`schedules`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, schedules
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
 
@@ -39,8 +40,18 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             "lower the learning rate, clip gradients (max_grad_norm), or look for NaN inputs",
         )
     result.figures.update({"learning_rate": float(run.peak), "parameters_changed": float(len(changed))})
-    check_updates_kept(pipeline, model, run.peak, result)
+    diagnosis.findings_last(
+        [lambda: check_updates_kept(pipeline, model, run.peak, result), lambda: check_schedule(pipeline, model, result)]
+    )
     return result
+
+
+def check_schedule(pipeline: Pipeline, model: Any, result: StageResult) -> None:
+    """The learning rate over the whole run: a warmup longer than the run, a scheduler made for fewer steps."""
+    finding, notes = schedules.check(pipeline, model)
+    result.notes.extend(notes)
+    if finding is not None:
+        raise finding
 
 
 def check_updates_kept(pipeline: Pipeline, model: Any, rate: float, result: StageResult) -> None:
