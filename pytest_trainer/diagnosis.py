@@ -65,6 +65,22 @@ def together(findings: Sequence[Finding]) -> Finding:
     return found
 
 
+def also(failure: TrainerError, findings: Sequence[Finding]) -> TrainerError:
+    """One failure that reports `findings` too, so that none is hidden behind it: findings together, a pipeline failure
+    with each finding below it; an internal error stays as it is."""
+    if not findings or not isinstance(failure, PipelineFailure):
+        return failure
+    if isinstance(failure, Finding):
+        return together([failure, *findings])
+    details = [*failure.details]
+    for finding in findings:
+        details += [f"also: {finding.cause}", f"  fix: {finding.fix}"]
+    made = type(failure)(failure.cause, failure.fix, details)
+    made.pictures.update(failure.pictures)
+    made.unexplained = failure.unexplained
+    return made
+
+
 def findings_last(checks: Iterable[Callable[[], object]]) -> None:
     """Run every check: a failure that breaks training is raised at once, findings together after the last."""
     found: list[Finding] = []

@@ -121,10 +121,11 @@ def check(pipeline: Pipeline, model: Any) -> tuple[diagnosis.Finding | None, lis
     saved = (scheduler.state_dict(), [group["lr"] for group in optimizer.param_groups])
     peak = max(group.get("initial_lr", group["lr"]) for group in optimizer.param_groups)
     rates = []
+    own = trainer.lr_scheduler is scheduler  # the script's own, which the stages may have stepped: from its start
     try:
         with warnings.catch_warnings():  # torch warns of a scheduler stepped before its optimizer
             warnings.simplefilter("ignore")
-            if trainer.lr_scheduler is scheduler:  # the script's own, which the stages may have stepped: from its start
+            if own:
                 for group in optimizer.param_groups:
                     group["lr"] = group.get("initial_lr", group["lr"])
                 scheduler.last_epoch = -1

@@ -72,19 +72,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             judges.stopped(pipeline, ranks, job)
             result.notes.extend(judges.findings(pipeline, ranks, job))
         except diagnosis.TrainerError as failure:
-            raise _also(failure, wrong) from failure.__cause__
+            raise diagnosis.also(failure, [wrong] if wrong else []) from failure.__cause__
     if wrong is not None:
         raise wrong
     return result
-
-
-def _also(failure: diagnosis.TrainerError, other: diagnosis.Finding | None) -> diagnosis.TrainerError:
-    """One failure that reports `other` too, so that neither hides the other."""
-    if other is None or isinstance(failure, diagnosis.InternalError):
-        return failure
-    if isinstance(failure, diagnosis.Finding):
-        return diagnosis.together([failure, other])
-    return type(failure)(failure.cause, failure.fix, [*failure.details, f"also: {other.cause}", f"  fix: {other.fix}"])
 
 
 def _engines(

@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, metric_settings
-from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -20,6 +20,71 @@ if TYPE_CHECKING:
 
 #: Batches of each evaluation split run through the prediction step.
 BATCHES = 2
+#: Share of an evaluation split's references that a generation length cuts, from which the metrics read mostly cut
+#: predictions: a failure. Below it, the references cut are a note.
+MOSTLY_CUT = 0.5
+#: The length generate() takes where no setting gives one.
+DEFAULT_MAX_LENGTH = 20
+
+
+def generation_limit(trainer: Any, model: Any) -> tuple[int, str] | None:
+    """The most target tokens an encoder-decoder's generated prediction holds when evaluation generates
+    (`predict_with_generate` with metrics to compute), and the setting that says so; None where it does not generate.
+
+    `max_length` counts the decoder's start token, so it leaves one token fewer for the target (its end token
+    included); `max_new_tokens` counts the target's alone. Seq2SeqTrainer takes `generation_max_length`, else the
+    model's generation config (whose `max_length` is 20 unless set)."""
+    args = trainer.args
+    if not getattr(args, "predict_with_generate", False) or trainer.compute_metrics is None:
+        return None
+    if hasattr(trainer, "_gen_kwargs") or not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return None  # settings given to evaluate() itself, or a decoder whose length counts the prompt
+    given = getattr(args, "generation_max_length", None)
+    if given:
+        return int(given) - 1, f"generation_max_length={given}"
+    generation: Any = getattr(model, "generation_config", None)
+    if getattr(generation, "max_new_tokens", None):
+        return int(generation.max_new_tokens), f"the generation config's max_new_tokens={generation.max_new_tokens}"
+    length = getattr(generation, "max_length", None)
+    if not length:  # transformers 5 leaves it unset, and generate() takes its default
+        return DEFAULT_MAX_LENGTH - 1, f"generate()'s default max_length={DEFAULT_MAX_LENGTH}: no setting gives one"
+    default = " (the default: generation_max_length is not set)" if length == DEFAULT_MAX_LENGTH else ""
+    return int(length) - 1, f"the generation config's max_length={length}{default}"
+
+
+def check_generation_length(pipeline: Pipeline, split: Split, limit: int, setting: str) -> list[str]:
+    """Evaluation that generates must not cut most predictions below their references: the metrics would compare
+    cut text with whole references. Fewer cut references are a note."""
+    import numpy as np
+
+    from pytest_trainer import tables
+
+    column = pipeline.label_column(split.table)
+    if column is None or tables.depth(split.table.schema.field(column).type) != 1:
+        return []
+    values, _ = tables.flatten(split.table, column)
+    counts, _ = tables.lengths(split.table, column)
+    if not counts.size or values.dtype.kind not in "iu":
+        return []
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    ignored = np.add.reduceat((values == IGNORE_INDEX).astype(np.int64), starts) if values.size else counts * 0
+    lengths = counts - np.where(counts > 0, ignored, 0)
+    cut = lengths > limit
+    if not cut.any():
+        return []
+    line = (
+        f"{int(cut.sum())} of the {lengths.size} reference targets of the {split.description} dataset are longer than "
+        f"the {limit} tokens evaluation generates ({setting}; median {int(np.median(lengths))} tokens, longest "
+        f"{int(lengths.max())})"
+    )
+    if cut.mean() < MOSTLY_CUT:
+        return [f"evaluation: {line}: their predictions are cut"]
+    raise diagnosis.Finding(
+        f"{line}: every such prediction is cut before its end, so the metrics compare cut text with whole references",
+        "let evaluation generate as long as the references: "
+        f"generation_max_length={int(np.percentile(lengths, 95)) + 1} in Seq2SeqTrainingArguments (or max_new_tokens "
+        "in the model's generation_config)",
+    )
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
@@ -30,9 +95,19 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     splits = [split for split in pipeline.splits if split.description != "training"]
     result = StageResult("eval", device)
     returned: list[metric_settings.Evaluated] = []
+    limit = generation_limit(pipeline.trainer, pipeline.model)
+    found: list[diagnosis.Finding] = []  # raised after every split has run, so that none hides an evaluation error
     for split in splits:
         fed_checks.check_split(pipeline, split)
-        metrics, loss = _evaluate(pipeline, device, split)
+        if limit is not None:
+            try:
+                result.notes.extend(check_generation_length(pipeline, split, *limit))
+            except diagnosis.Finding as finding:
+                found.append(finding)
+        try:
+            metrics, loss = _evaluate(pipeline, device, split)
+        except diagnosis.TrainerError as failure:
+            raise diagnosis.also(failure, found) from failure.__cause__
         result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
         returned.append(
             metric_settings.Evaluated("eval" if split.key is None else f"eval_{split.key}", loss, tuple(metrics))
@@ -48,6 +123,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         result.figures.update({f"evaluator_{name}": value for name, value in evaluated.items()})
         result.notes.append(f"the trainer's evaluator returned {', '.join(sorted(evaluated)) or 'no number'}")
     result.notes.extend([note] if note else [])
+    if found:
+        raise with_pictures(diagnosis.together(found), result)
     return result
 
 
