@@ -1,4 +1,5 @@
-"""`collate`: the Trainer's own train dataloader turns samples into a batch the model can take."""
+"""`collate`: the Trainer's own train dataloader turns samples into a batch the model can take (images normalized as
+the Trainer's image processor normalizes them: `pixels`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    from pytest_trainer import fed_checks
+    from pytest_trainer import fed_checks, pixels
 
     batch = pipeline.batches.first()
     loose = {key: type(value).__name__ for key, value in batch.items() if not torch.is_tensor(value)}
@@ -55,6 +56,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             lambda: check_target_padding(pipeline, batch),
             lambda: check_start_token(pipeline, batch),
             lambda: _raise(check_masked_targets(pipeline, batch)),
+            lambda: pixels.check_normalized(pipeline, batch, "training"),
         ]
     )
     return result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, metric_settings
@@ -105,7 +106,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             except diagnosis.Finding as finding:
                 found.append(finding)
         try:
-            metrics, loss = _evaluate(pipeline, device, split)
+            metrics, loss = _evaluate(pipeline, device, split, found)
         except diagnosis.TrainerError as failure:
             raise diagnosis.also(failure, found) from failure.__cause__
         result.figures.update({f"{split.key or 'eval'}_{name}": value for name, value in metrics.items()})
@@ -126,6 +127,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if found:
         raise with_pictures(diagnosis.together(found), result)
     return result
+
+
+def _findings(check: Callable[[], None]) -> list[diagnosis.Finding]:
+    try:
+        check()
+    except diagnosis.Finding as finding:
+        return [finding]
+    return []
 
 
 def _check_settings(pipeline: Pipeline, splits: list[metric_settings.Evaluated], logged: list[str]) -> str | None:
@@ -162,8 +171,12 @@ def _own_metrics(trainer: Any) -> list[str]:
     return found
 
 
-def _evaluate(pipeline: Pipeline, device: str, split: Split) -> tuple[dict[str, float], bool]:
-    """The metrics compute_metrics returns on a few batches of `split`, and whether the prediction step gave a loss."""
+def _evaluate(
+    pipeline: Pipeline, device: str, split: Split, found: list[diagnosis.Finding]
+) -> tuple[dict[str, float], bool]:
+    """The metrics compute_metrics returns on a few batches of `split`, and whether the prediction step gave a loss;
+    the findings of its batches (random transforms, images normalized otherwise than the processor does) go to
+    `found`."""
     import torch
     from transformers import EvalPrediction
     from transformers.trainer_pt_utils import nested_concat, nested_numpify
@@ -175,6 +188,7 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> tuple[dict[str, 
     with diagnosis.pipeline_part("the Trainer's eval dataloader"):
         loader = trainer.get_eval_dataloader(split.key if split.key is not None else split.given)
         batches = list(itertools.islice(loader, BATCHES))
+        again = next(iter(trainer.get_eval_dataloader(split.key if split.key is not None else split.given)), None)
     predictions: Any = None
     labels: Any = None
     loss = False
@@ -192,6 +206,11 @@ def _evaluate(pipeline: Pipeline, device: str, split: Split) -> tuple[dict[str, 
             )
         if label_ids is not None:
             labels = label_ids if labels is None else nested_concat(labels, label_ids, padding_index=IGNORE_INDEX)
+    from pytest_trainer import pixels
+
+    if batches and again is not None:
+        found.extend(_findings(lambda: pixels.check_repeatable(batches[0], again, description)))
+        found.extend(_findings(lambda: pixels.check_normalized(pipeline, batches[0], description)))
     if trainer.compute_metrics is None or predictions is None or labels is None:
         return {}, loss  # as the Trainer's evaluation loop: compute_metrics is called with predictions and labels
     prediction = EvalPrediction(predictions=nested_numpify(predictions), label_ids=nested_numpify(labels))
