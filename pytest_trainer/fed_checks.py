@@ -223,7 +223,8 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
 
 
 def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
-    """A classifier trained on one class only learns to predict that class."""
+    """A classifier trained on one class only learns to predict that class; one whose labels count from 1 over a head
+    with an output more never trains output 0 (on the whole training split: a sampled one may miss a rare class)."""
     column = pipeline.label_column(split.table)
     if (
         pipeline.task.labels not in (tasks.CLASS, tasks.TOKEN_CLASS)
@@ -238,6 +239,16 @@ def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
         raise diagnosis.Finding(
             f"every label of the training dataset is {used[0]}: the model can only learn to predict that class",
             "check the label column and any filtering, sorting or slicing that kept a single class",
+        )
+    width = pipeline.task.classes
+    counted_from_one = used.size == width - 1 and used.tolist() == list(range(1, width))
+    if pipeline.task.labels == tasks.CLASS and counted_from_one and values.size >= 2 * width and not pipeline.cuts:
+        raise diagnosis.Finding(
+            f"class 0 has no row in the training dataset, while each of classes 1..{width - 1} has: the labels are "
+            f"counted from 1 and the head was given an output more (num_labels={width}), so output 0 is never "
+            "trained, and names given by position (id2label, a ClassLabel) sit one class off",
+            f"shift the class ids to start at 0 where the labels are made, e.g. dataset = dataset.map(lambda row: "
+            f"{{{column!r}: row[{column!r}] - 1}}), and give the head num_labels={width - 1}",
         )
 
 

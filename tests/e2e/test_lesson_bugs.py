@@ -101,6 +101,27 @@ def test_labels_counted_from_one_are_shifted_not_given_an_output(project: pytest
     assert outcomes(run_script(project, "--trainer-stages=dataset")) == {"dataset[cpu]": "PASSED"}
 
 
+def test_labels_counted_from_one_given_an_output_more_leave_class_0_without_a_row(project: pytest.Pytester) -> None:
+    """The other fix of labels 1..3, an output more (num_labels=4), trains without an error and never trains
+    output 0; a head of 4 over classes 0..2, whose last output has no row, is a head a little wide, and passes."""
+    wider = GOOD_SCRIPT.replace(
+        "data = tiny.tokenized(tiny.text_dataset(), tok)",
+        'data = tiny.tokenized(tiny.text_dataset(), tok).map(lambda row: {"label": row["label"] + 1})',
+    ).replace("tiny.classifier()", "tiny.classifier(num_labels=4)")
+    write(project, "train.py", wider)
+    result = run_script(project, "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: class 0 has no row in the training dataset, while each of classes 1..3 has: the "
+            "labels are counted from 1 and the head was given an output more (num_labels=4)*",
+            "*fix: shift the class ids to start at 0 * and give the head num_labels=3",
+        ]
+    )
+    write(project, "train.py", GOOD_SCRIPT.replace("tiny.classifier()", "tiny.classifier(num_labels=4)"))
+    assert outcomes(run_script(project, "--trainer-stages=dataset")) == {"dataset[cpu]": "PASSED"}
+
+
 #: A ClassLabel of three names, and a head whose id2label names them in `order`.
 NAMED = GOOD_SCRIPT.replace(
     "data = tiny.tokenized(tiny.text_dataset(), tok)",
