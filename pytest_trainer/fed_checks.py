@@ -152,6 +152,8 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
         return dataset_row(table_row(index))
 
     if values.dtype.kind == "f" and task.labels != tasks.CHOICE:
+        if _multi_hot(pipeline, table, column, values, width, description):
+            return  # rows of one value per class, which transformers trains as multi-label classification
         raise diagnosis.PipelineFailure(
             f"the {description} labels are floats but the model is a {width}-class classifier, which needs "
             "integer class ids (float labels make transformers switch to multi-label loss)",
@@ -184,6 +186,33 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
     if negative.size:
         index = int(negative[0])
         raise diagnosis.negative_label(int(values[index]), f" in row {row_of(index)} of the {description} dataset")
+
+
+def _multi_hot(
+    pipeline: Pipeline, table: pa.Table, column: str, values: np.ndarray, width: int, description: str
+) -> bool:
+    """Whether float labels are rows of one value per class, which a head with no problem_type trains as multi-label
+    classification (transformers reads float labels so). Under problem_type='single_label_classification', rows that
+    set several classes are a finding: a softmax over one class per row cannot learn them."""
+    if tables.depth(table.schema.field(column).type) != 1:
+        return False
+    counts, _ = tables.lengths(table, column)
+    if not counts.size or (counts != width).any():
+        return False
+    rows = values.reshape(-1, width)
+    config = getattr(model_facts.base_model(pipeline.model), "config", None)
+    several = np.flatnonzero((rows > 0).sum(axis=1) > 1)
+    if getattr(config, "problem_type", None) == "single_label_classification" and several.size:
+        row = int(several[0])
+        raise diagnosis.Finding(
+            f"the {description} labels are rows of {width} values, one per class, and row {row} sets "
+            f"{int((rows[row] > 0).sum())} classes ({several.size} rows set several), but "
+            "problem_type='single_label_classification' trains a softmax that picks one class per row, so it cannot "
+            "learn them",
+            "build the model with problem_type='multi_label_classification' (one sigmoid per class, "
+            "BCEWithLogitsLoss), e.g. from_pretrained(..., num_labels=..., problem_type='multi_label_classification')",
+        )
+    return True
 
 
 def _choices(table: pa.Table, column: str | None) -> int | None:
