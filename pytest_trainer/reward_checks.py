@@ -63,6 +63,17 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
     findings: list[diagnosis.Finding] = []  # both are reported: neither hides the other
     if count and not ended:
         _unended(sampled, count, findings, notes)
+    elif sampled.masks_truncated and not carrying and any(spread > SAME for spread in spreads):
+        findings.append(
+            diagnosis.Finding(
+                f"every group whose rewards differ holds only completions cut at max_completion_length="
+                f"{sampled.max_completion_length}, and mask_truncated_completions=True drops those from the loss; the "
+                f"{ended} that end sit in groups whose rewards do not differ: no completion carries a gradient, so "
+                "the steps train nothing",
+                f"raise max_completion_length (now {sampled.max_completion_length}) so that more answers end within "
+                "it, or turn mask_truncated_completions off while the policy still learns to end its answers",
+            )
+        )
     if any(spread > SAME for spread in spreads):
         _note_deaf(sampled, notes)
     else:

@@ -109,6 +109,45 @@ def test_reasoning_the_template_drops_is_named_and_one_it_renders_passes(chat_pr
     )
 
 
+#: TRL's conversational prompt-completion form: the prompt turns, then the answer turn with its reasoning.
+PROMPT_COMPLETION = """
+    import chat
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    tok = chat.tokenizer("qwen")
+    {change}
+    rows = chat.conversations(reasoning=True)
+    data = Dataset.from_dict({{"prompt": [row[:-1] for row in rows], "completion": [row[-1:] for row in rows]}})
+    args = SFTConfig(output_dir="out", max_length=64, bf16=False, per_device_train_batch_size=4, report_to=[]{args})
+    trainer = SFTTrainer(chat.model(tok, "qwen"), args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+"""
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["messages-whole-sequence", "prompt-completion", "prompt-completion-whole-sequence"],
+)
+def test_reasoning_the_template_drops_is_named_in_every_form_trl_renders(
+    chat_project: pytest.Pytester, form: str
+) -> None:
+    """Beside the assistant-only loss of a {% generation %} template (above): the whole conversation trained, and the
+    prompt-completion form with and without its completion-only loss."""
+
+    def source(change: str) -> str:
+        if form == "messages-whole-sequence":
+            return sft("qwen", change, reasoning=True).replace("assistant_only_loss=True", "assistant_only_loss=False")
+        given = ", completion_only_loss=False" if form.endswith("whole-sequence") else ""
+        return PROMPT_COMPLETION.format(change=change or "pass", args=given)
+
+    check_passes(run_targets(chat_project, source("")))
+    check_fails(
+        run_targets(chat_project, source(NO_REASONING)),
+        "*the stored conversations' reasoning_content (32 of 32 rows) are never trained*",
+    )
+
+
 #: A template that leaves out the system messages.
 NO_SYSTEM = (
     'tok.chat_template = tok.chat_template.replace("{% for m in messages %}", '

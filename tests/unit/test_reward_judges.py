@@ -178,6 +178,25 @@ def test_completions_cut_and_masked_out_of_the_loss_are_named() -> None:
     assert "max_completion_length (now 3)" in found.value.fix
 
 
+def test_masked_cut_completions_that_are_the_only_ones_with_a_spread_are_named() -> None:
+    """grpo_example, its first group's completions given one reward and taken as ended, the others as cut and masked
+    (as when only the long answers, which the length cuts, score otherwise): the completions that end teach nothing,
+    their group's rewards being equal."""
+    sampled = sampled_of("grpo_example", EXAMPLE)
+    size = sampled.group
+    sampled.rewards[:size] = [list(sampled.rewards[0]) for _ in range(size)]
+    sampled.ended = [index < size for index in range(len(sampled.completions))]
+    sampled.masks_truncated = True
+    with pytest.raises(diagnosis.Finding) as found:
+        audited(sampled)
+    assert found.value.cause.startswith(
+        "every group whose rewards differ holds only completions cut at max_completion_length="
+    )
+    assert "no completion carries a gradient" in found.value.cause
+    sampled.masks_truncated = False  # without the mask the cut completions carry the gradient
+    audited(sampled)
+
+
 def test_completions_of_a_random_policy_that_never_end_are_a_note() -> None:
     """grpo_never_ends: the same without the mask; the policy samples as at its random start (its next-token entropy
     near a uniform choice's), so the cut completions are noted, not failed."""
