@@ -7,7 +7,7 @@ order, token labels aligned with the tokens, seq2seq targets padded with -100, a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -155,6 +155,62 @@ def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
             f"{wrong.size} special-token positions in all)",
             f"set the labels of special tokens to -100 so the loss ignores them (word_ids() is None for {token})",
         )
+    check_word_starts(split, tokenizer, table, model_input, column)
+
+
+#: Rows whose words are read back (the tokenizer runs on each).
+WORD_ROWS = 64
+#: Words of several tokens whose first token is unlabeled while a later one is labeled, from which labels are said
+#: to sit off their words: a share of such words, and a count.
+OFF_WORDS = 0.5
+MIN_OFF_WORDS = 5
+
+
+def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: str, column: str) -> None:
+    """Word labels sit on a word's first token (or on every token of it), as word_ids() gives them: a word of several
+    tokens whose first is -100 while a later one is labeled got its label by a position, shifted.
+
+    The words are read back from the token ids: the row is decoded and tokenized again, and where that gives the same
+    ids (most rows of a WordPiece or SentencePiece tokenizer), word_ids() tells each token's word."""
+    if not getattr(tokenizer, "is_fast", False):
+        return
+    rows = min(table.num_rows, WORD_ROWS)
+    ids_column = table.column(model_input).slice(0, rows).to_pylist()
+    labels_column = table.column(column).slice(0, rows).to_pylist()
+    several = off = 0
+    example: tuple[int, list[str], list[int]] | None = None
+    for row, (ids, labels) in enumerate(zip(ids_column, labels_column, strict=True)):
+        if not ids or labels is None or len(ids) != len(labels):
+            continue
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        again = tokenizer(text, add_special_tokens=False)
+        real = [index for index, token in enumerate(ids) if token not in tokenizer.all_special_ids]
+        if again["input_ids"] != [ids[index] for index in real]:
+            continue  # the round trip changed the tokens: the words cannot be read back
+        words: dict[int, list[int]] = {}
+        for position, word in zip(real, again.word_ids(), strict=True):
+            if word is not None:
+                words.setdefault(word, []).append(position)
+        for positions in words.values():
+            if len(positions) < 2:
+                continue
+            several += 1
+            if labels[positions[0]] == IGNORE_INDEX and any(labels[index] != IGNORE_INDEX for index in positions[1:]):
+                off += 1
+                if example is None:
+                    tokens = tokenizer.convert_ids_to_tokens([ids[index] for index in positions])
+                    example = (row, tokens, [labels[index] for index in positions])
+    if example is None or off < max(MIN_OFF_WORDS, OFF_WORDS * several):
+        return
+    row, tokens, given = example
+    shown = ", ".join(f"{token!r}: {label}" for token, label in zip(tokens, given, strict=True))
+    raise diagnosis.Finding(
+        f"in {off} of the {several} words of several tokens (of the first {rows} rows of the {split.description} "
+        f"dataset), the word's first token is -100 while a later one carries a label (row {split.row(row)}: {shown}): "
+        "the labels were placed by position, shifted off the tokens of their words",
+        "give each token its word's label through the encoding's word_ids(): the first token of a word gets the word's "
+        "label (the others -100, or the same label), special tokens -100, as in the token-classification example",
+    )
 
 
 def check_label_names(pipeline: Pipeline, split: FedSplit) -> None:
