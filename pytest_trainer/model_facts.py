@@ -52,19 +52,26 @@ def vocabulary_rows(model: Any) -> int | None:
 
 
 def position_limit(model: Any) -> int | None:
-    """Longest sequence a model with learned absolute positions can take, else None (no hard limit)."""
+    """Longest sequence a model with learned absolute positions can take, else None (no hard limit). A position table
+    with a padding index (RoBERTa, XLM-R) starts its positions after it."""
     import torch
 
     config = getattr(base_model(model), "config", None)
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if not isinstance(limit, int):
         return None
-    has_table = any(
-        isinstance(module, torch.nn.Embedding) and module.num_embeddings in (limit, limit + 2)
+    tables = [
+        module
         for name, module in model.named_modules()
-        if "position" in name or name.endswith("wpe")
-    )
-    return limit if has_table else None
+        if isinstance(module, torch.nn.Embedding)
+        and module.num_embeddings in (limit, limit + 2)
+        and ("position" in name or name.endswith("wpe"))
+    ]
+    if not tables:
+        return None
+    # RoBERTa's family counts positions from its padding index + 1 (a table of 514 takes 512 tokens).
+    offset = tables[0].padding_idx
+    return limit - offset - 1 if offset is not None and tables[0].num_embeddings == limit else limit
 
 
 def main_input(model: Any) -> str:

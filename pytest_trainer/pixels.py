@@ -93,8 +93,8 @@ def check_normalized(pipeline: Pipeline, batch: dict[str, Any], description: str
             raise diagnosis.Finding(
                 f"{problem} ({name} of the first {description} batch)",
                 "normalize once, with the image processor's own statistics, as inference will: call the processor "
-                "(it rescales and normalizes), or end your own transforms with Normalize(mean=processor.image_mean, "
-                "std=processor.image_std) on [0, 1] images, not both",
+                "without do_normalize=False (it rescales and normalizes), or end your own transforms with "
+                "Normalize(mean=processor.image_mean, std=processor.image_std) on [0, 1] images, not both",
             )
 
 

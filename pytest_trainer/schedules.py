@@ -67,8 +67,8 @@ def judge(
             f"{idle} steps ({idle / steps:.0%} of the run) change nothing, because the scheduler was made for a "
             "shorter run",
             f"make the scheduler for the whole run, num_training_steps={steps} (the steps of one epoch x "
-            "num_train_epochs, after gradient accumulation), or let the Trainer make it from lr_scheduler_type and "
-            "warmup_ratio",
+            f"num_train_epochs, after gradient accumulation), or let the Trainer make it from lr_scheduler_type and "
+            f"a warmup ({share})",
         )
     return None
 

@@ -69,6 +69,88 @@ def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
             f"starts ({int(starts[row])}) ({reversed_span.size} rows in all)",
             "check how start_positions and end_positions are computed from the character offsets",
         )
+    check_answer_places(pipeline, split, starts, ends)
+
+
+#: Rows from which every answer at position 0 (the "no answer" convention) says the answers were never found.
+MIN_QA_ROWS = 8
+#: Share of the answered rows whose span lies in the question, or reads otherwise than the stored answer text, from
+#: which the spans were computed wrongly (a correct pipeline has none: a few are allowed for odd tokenizations).
+MISPLACED = 0.1
+MIN_MISPLACED = 2
+#: Columns that may still hold the answer text (SQuAD's `answers`, with its `text` list).
+ANSWER_COLUMNS = ("answers", "answer", "answer_text")
+
+
+def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray, ends: np.ndarray) -> None:
+    """Answer spans point at the answer: not every one at position 0 (the "no answer" convention), not into the
+    question (token_type_ids 0), and, where the answer text is still in the data, at tokens that read as it."""
+    table, description = split.table, split.description
+    answered = np.flatnonzero((starts != 0) | (ends != 0))
+    if starts.size >= MIN_QA_ROWS and answered.size == 0:
+        raise diagnosis.Finding(
+            f"every one of the {starts.size} {description} answers is at position 0, the 'no answer' convention "
+            "([CLS]): the answers were never found in the tokenized context, so the model learns to answer nothing",
+            "find each answer's tokens from its character offsets: the context tokens (sequence_ids(i) == 1) whose "
+            "offset_mapping covers answers['answer_start'] .. + len(text); position 0 only where truncation cut it",
+        )
+    if not answered.size:
+        return
+    tokenizer = getattr(pipeline.trainer, "processing_class", None)
+    ids = table.column(pipeline.task.sequence).to_pylist() if pipeline.task.sequence else None
+
+    def shown(row: int) -> str:
+        if tokenizer is None or ids is None or not hasattr(tokenizer, "decode"):
+            return ""
+        return f" ({tokenizer.decode(ids[row][int(starts[row]) : int(ends[row]) + 1])!r})"
+
+    def misplaced(rows: list[int], where: str, fix: str) -> None:
+        if len(rows) >= max(MIN_MISPLACED, MISPLACED * answered.size):
+            row = rows[0]
+            raise diagnosis.Finding(
+                f"the answer spans of {len(rows)} of the {answered.size} answered rows of the {description} dataset "
+                f"{where}: row {split.row(row)} points at {int(starts[row])}..{int(ends[row])}{shown(row)}",
+                fix,
+            )
+
+    if "token_type_ids" in table.column_names:
+        types = table.column("token_type_ids").to_pylist()
+        in_question = [int(row) for row in answered if types[row][int(starts[row])] == 0 and starts[row] != 0]
+        misplaced(
+            in_question,
+            "lie in the question (token_type_ids 0), not in the context",
+            "find the answer among the context's tokens (sequence_ids(i) == 1 of the encoding), with offset_mapping",
+        )
+    column = next((name for name in ANSWER_COLUMNS if name in table.column_names), None)
+    if column is None or tokenizer is None or ids is None:
+        return
+    texts = [_answer_text(value) for value in table.column(column).to_pylist()]
+    other = [
+        int(row)
+        for row in answered
+        if texts[row]
+        and _plain(tokenizer.decode(ids[row][int(starts[row]) : int(ends[row]) + 1])) != _plain(texts[row])
+    ]
+    misplaced(
+        other,
+        f"read otherwise than their answer text in {column!r}",
+        "compute start_positions and end_positions from the answer's character offsets against the context's "
+        "offset_mapping (the token where the answer starts, the token where it ends), not from word or character "
+        "counts",
+    )
+
+
+def _answer_text(value: Any) -> str:
+    """The first answer text of a SQuAD-style `answers` value, or a plain answer string."""
+    if isinstance(value, dict):
+        value = value.get("text")
+    if isinstance(value, list):
+        value = value[0] if value else ""
+    return value if isinstance(value, str) else ""
+
+
+def _plain(text: str) -> str:
+    return "".join(character for character in text.lower() if character.isalnum())
 
 
 def target_ends(pipeline: Pipeline) -> tuple[bool, int | None]:

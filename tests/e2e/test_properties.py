@@ -76,6 +76,30 @@ def test_tokenizer_that_does_not_truncate_to_the_positions_fails_lengths(project
     )
 
 
+#: A RoBERTa classifier: its position table of 66 starts after the padding index (0 here), so it takes 65 tokens.
+ROBERTA = GOOD_SCRIPT.replace(
+    "tok = tiny.tokenizer()", "tok = tiny.tokenizer()\n    tok.model_max_length = {max_length}"
+).replace(
+    "tiny.classifier()",
+    "__import__('transformers').RobertaForSequenceClassification(__import__('transformers').RobertaConfig("
+    "vocab_size=len(tiny.VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, "
+    "max_position_embeddings=66, pad_token_id=tok.pad_token_id, num_labels=3))",
+)
+
+
+def test_a_roberta_classifier_is_held_to_the_tokens_its_positions_take(project: pytest.Pytester) -> None:
+    """RoBERTa's positions count from its padding index + 1 (roberta-base: 514 positions, 512 tokens): rows of the
+    table's size are no length it takes, nor one its tokenizer gives."""
+    write(project, "train.py", ROBERTA.format(max_length=65))
+    assert failures(run_script(project, "--trainer-stages=dataset,lengths")) == []
+    write(project, "train.py", ROBERTA.format(max_length=66))
+    result = run_script(project, "--trainer-stages=dataset,lengths")
+    assert outcomes(result)["lengths[cpu]"] == "FAILED"
+    result.stdout.fnmatch_lines(
+        ["lengths[[]cpu[]] failed: the tokenizer's model_max_length is 66 but the model has 65 positions*"]
+    )
+
+
 def write_with_collator(project: pytest.Pytester, reads_batch: str) -> None:
     """The good script, its rows batched by a DataCollatorWithPadding that then runs `reads_batch` on the batch."""
     write(
