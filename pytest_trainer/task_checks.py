@@ -121,10 +121,17 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
             "lie in the question (token_type_ids 0), not in the context",
             "find the answer among the context's tokens (sequence_ids(i) == 1 of the encoding), with offset_mapping",
         )
-    column = next((name for name in ANSWER_COLUMNS if name in table.column_names), None)
+    stored = getattr(split.given, "column_names", None) or []
+    column = next((name for name in ANSWER_COLUMNS if name in table.column_names or name in stored), None)
     if column is None or tokenizer is None or ids is None:
         return
-    texts = [_answer_text(value) for value in table.column(column).to_pylist()]
+    if column in table.column_names:
+        texts = [_answer_text(value) for value in table.column(column).to_pylist()]
+    elif split.transformed:
+        return  # a transform makes the rows: the stored answers may not be theirs
+    else:  # dropped by the Trainer as no input of the model: read where it is stored
+        given = split.given[column]
+        texts = [_answer_text(given[split.row(row)]) for row in range(table.num_rows)]
     other = [
         int(row)
         for row in answered
