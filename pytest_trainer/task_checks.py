@@ -113,14 +113,24 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
                 fix,
             )
 
-    if "token_type_ids" in table.column_names:
-        types = table.column("token_type_ids").to_pylist()
-        in_question = [int(row) for row in answered if types[row][int(starts[row])] == 0 and starts[row] != 0]
-        misplaced(
-            in_question,
-            "lie in the question (token_type_ids 0), not in the context",
-            "find the answer among the context's tokens (sequence_ids(i) == 1 of the encoding), with offset_mapping",
-        )
+    types = table.column("token_type_ids").to_pylist() if "token_type_ids" in table.column_names else None
+    sep = getattr(tokenizer, "sep_token_id", None)
+    pairs = {int(row): _segments(ids[row], types[row] if types else None, sep) for row in answered} if ids else {}
+    found = {row: pair for row, pair in pairs.items() if pair is not None}
+    if found:
+        first = float(np.mean([len(pair[0]) for pair in found.values()]))
+        second = float(np.mean([len(pair[1]) for pair in found.values()]))
+        # The question is the shorter sequence (the context may come first, as the script pairs them).
+        question = 0 if first * QUESTION_SHORTER <= second else 1 if second * QUESTION_SHORTER <= first else None
+        if question is not None:
+            in_question = [row for row, pair in found.items() if int(starts[row]) in pair[question]]
+            misplaced(
+                in_question,
+                f"lie in the question (the {('first', 'second')[question]} sequence of each pair, the shorter), not "
+                "in the context",
+                "find the answer among the context's tokens (where the encoding's sequence_ids(i) is the context's), "
+                "with offset_mapping",
+            )
     stored = getattr(split.given, "column_names", None) or []
     column = next((name for name in ANSWER_COLUMNS if name in table.column_names or name in stored), None)
     if column is None or tokenizer is None or ids is None:
@@ -145,6 +155,28 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
         "offset_mapping (the token where the answer starts, the token where it ends), not from word or character "
         "counts",
     )
+
+
+#: The question is told from the context as the sequence of each pair this many times shorter on average.
+QUESTION_SHORTER = 1.5
+
+
+def _segments(ids: list[int], types: list[int] | None, sep: int | None) -> tuple[range, range] | None:
+    """The positions of the first and second sequence of a question-context pair: by token_type_ids, else between
+    the separator tokens ([CLS] q [SEP] c [SEP], <s> q </s></s> c </s>); None where the row is no pair."""
+    if types is not None and len(types) == len(ids) and 1 in types:
+        second = [index for index, kind in enumerate(types) if kind == 1]
+        return range(1, second[0]), range(second[0], second[-1] + 1)
+    if sep is None:
+        return None
+    seps = [index for index, token in enumerate(ids) if token == sep]
+    if len(seps) < 2:
+        return None
+    start = seps[0] + 1
+    while start < len(ids) and ids[start] == sep:
+        start += 1
+    end = next((index for index in seps if index >= start), len(ids))
+    return range(1, seps[0]), range(start, end)
 
 
 def _answer_text(value: Any) -> str:
@@ -235,16 +267,20 @@ def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
     if ids.shape != labels.shape:
         return
     wrong = np.flatnonzero(np.isin(ids, special) & (labels != IGNORE_INDEX))
-    if wrong.size:
-        index = int(wrong[0])
-        token = tokenizer.convert_ids_to_tokens(int(ids[index]))
-        named = split.row(row_of(index))
-        raise diagnosis.Finding(
-            f"positions of {token} carry label {labels[index]} (row {named} of the {description} dataset, "
-            f"{wrong.size} special-token positions in all)",
-            f"set the labels of special tokens to -100 so the loss ignores them (word_ids() is None for {token})",
-        )
-    check_word_starts(split, tokenizer, table, model_input, column)
+
+    def special_labels() -> None:
+        if wrong.size:
+            index = int(wrong[0])
+            token = tokenizer.convert_ids_to_tokens(int(ids[index]))
+            named = split.row(row_of(index))
+            raise diagnosis.Finding(
+                f"positions of {token} carry label {labels[index]} (row {named} of the {description} dataset, "
+                f"{wrong.size} special-token positions in all)",
+                f"set the labels of special tokens to -100 so the loss ignores them (word_ids() is None for {token})",
+            )
+
+    # Both are told: labels shifted by a position put one on [CLS] and others off their words' first tokens.
+    diagnosis.findings_last([special_labels, lambda: check_word_starts(split, tokenizer, table, model_input, column)])
 
 
 #: Rows whose words are read back (the tokenizer runs on each).
@@ -296,7 +332,8 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
     raise diagnosis.Finding(
         f"in {off} of the {several} words of several tokens (of the first {rows} rows of the {split.description} "
         f"dataset), the word's first token is -100 while a later one carries a label (row {split.row(row)}: {shown}): "
-        "the labels were placed by position, shifted off the tokens of their words",
+        "the labels sit on later tokens of their words (the word-start test inverted, or labels placed by a "
+        "shifted position)",
         "give each token its word's label through the encoding's word_ids(): the first token of a word gets the word's "
         "label (the others -100, or the same label), special tokens -100, as in the token-classification example",
     )

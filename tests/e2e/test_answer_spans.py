@@ -12,10 +12,10 @@ SCRIPT = """
     from transformers import BertForQuestionAnswering, Trainer, TrainingArguments
 
     tok = tiny.tokenizer()
-    questions = tiny.sentences(32, seed=5, shortest=3, longest=6)
-    contexts = tiny.sentences(32, seed=6, shortest=5, longest=10)
+    questions = tiny.sentences(32, seed=5, shortest=3, longest=5)
+    contexts = tiny.sentences(32, seed=6, shortest=8, longest=12)
     answers = [context.split()[2] for context in contexts]
-    encoded = tok(questions, contexts, truncation=True, return_token_type_ids=True)
+    encoded = tok(questions, contexts, truncation=True, return_token_type_ids={types})
     starts = []
     for row, question in enumerate(questions):
         context_start = len(question.split()) + 2  # [CLS] question [SEP]
@@ -33,8 +33,14 @@ SCRIPT = """
 RIGHT = "context_start + 2"
 
 
-def run(project: pytest.Pytester, start: str = RIGHT, edit: str = "") -> pytest.RunResult:
-    write(project, "train.py", SCRIPT.format(start=start, edit=edit or "pass"))
+#: The context first, then the question, as some scripts pair them (truncation="only_first").
+CONTEXT_FIRST = SCRIPT.replace("tok(questions, contexts,", "tok(contexts, questions,").replace(
+    "context_start = len(question.split()) + 2  # [CLS] question [SEP]", "context_start = 1  # [CLS] context"
+)
+
+
+def run(project: pytest.Pytester, start: str = RIGHT, edit: str = "", types: bool = True) -> pytest.RunResult:
+    write(project, "train.py", SCRIPT.format(start=start, edit=edit or "pass", types=types))
     return run_script(project, "--trainer-stages=dataset")
 
 
@@ -42,16 +48,26 @@ def test_spans_on_the_answer_in_the_context_pass(project: pytest.Pytester) -> No
     assert failures(run(project)) == []
 
 
-def test_spans_in_the_question_fail_dataset(project: pytest.Pytester) -> None:
-    result = run(project, start="1")  # the question's first token: offsets taken in the question
+@pytest.mark.parametrize("types", [True, False], ids=["token-type-ids", "separators"])
+def test_spans_in_the_question_fail_dataset(project: pytest.Pytester, types: bool) -> None:
+    result = run(project, start="1", types=types)  # the question's first token: offsets taken in the question
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(
         [
             "dataset[[]cpu[]] failed: the answer spans of 32 of the 32 answered rows of the training dataset lie in "
-            "the question (token_type_ids 0), not in the context: row 0 points at 1..1 *",
-            "*fix: find the answer among the context's tokens (sequence_ids(i) == 1 of the encoding)*",
+            "the question (the first sequence of each pair, the shorter), not in the context: row 0 points at 1..1 *",
+            "*fix: find the answer among the context's tokens*",
         ]
     )
+
+
+def test_spans_in_a_context_given_first_pass(project: pytest.Pytester) -> None:
+    write(project, "train.py", CONTEXT_FIRST.format(start=RIGHT, edit="pass", types=True))
+    assert failures(run_script(project, "--trainer-stages=dataset")) == []
+    write(project, "train.py", CONTEXT_FIRST.format(start="len(contexts[row].split()) + 2", edit="pass", types=True))
+    result = run_script(project, "--trainer-stages=dataset")  # now the question's first token
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(["*lie in the question (the second sequence of each pair, the shorter)*"])
 
 
 def test_every_answer_marked_no_answer_fails_dataset(project: pytest.Pytester) -> None:
