@@ -289,6 +289,10 @@ WORD_ROWS = 64
 #: to sit off their words: a share of such words, and a count.
 OFF_WORDS = 0.5
 MIN_OFF_WORDS = 5
+#: Rows read back whose words' labels were written into token positions in turn (as many labels as words, some on a
+#: word's later tokens, the last words without one), from which the labels are said to be placed so.
+BY_POSITION = 0.5
+MIN_BY_POSITION = 3
 
 
 def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: str, column: str) -> None:
@@ -302,8 +306,9 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
     rows = min(table.num_rows, WORD_ROWS)
     ids_column = table.column(model_input).slice(0, rows).to_pylist()
     labels_column = table.column(column).slice(0, rows).to_pylist()
-    several = off = 0
+    several = off = read = by_position = 0
     example: tuple[int, list[str], list[int]] | None = None
+    by_position_example: tuple[int, list[str], list[int]] | None = None
     for row, (ids, labels) in enumerate(zip(ids_column, labels_column, strict=True)):
         if not ids or labels is None or len(ids) != len(labels):
             continue
@@ -316,6 +321,15 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
         for position, word in zip(real, again.word_ids(), strict=True):
             if word is not None:
                 words.setdefault(word, []).append(position)
+        read += 1
+        labeled = {index for index in real if labels[index] != IGNORE_INDEX}
+        unlabeled = [word for word, positions in words.items() if not labeled & set(positions)]
+        inside = any(index in labeled for positions in words.values() for index in positions[1:])
+        if len(labeled) == len(words) and unlabeled and inside:
+            by_position += 1  # one label per word, but on the first tokens in turn: words at the end get none
+            if by_position_example is None:
+                tokens = tokenizer.convert_ids_to_tokens([ids[index] for index in real])
+                by_position_example = (row, tokens, [labels[index] for index in real])
         for positions in words.values():
             if len(positions) < 2:
                 continue
@@ -325,6 +339,17 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
                 if example is None:
                     tokens = tokenizer.convert_ids_to_tokens([ids[index] for index in positions])
                     example = (row, tokens, [labels[index] for index in positions])
+    if by_position_example is not None and by_position >= max(MIN_BY_POSITION, BY_POSITION * read):
+        row, tokens, given = by_position_example
+        shown = ", ".join(f"{token!r}: {label}" for token, label in zip(tokens, given, strict=True))
+        raise diagnosis.Finding(
+            f"in {by_position} of the {read} rows read back (of the first {rows} of the {split.description} dataset), "
+            "each word's label sits on the row's tokens in turn, not on its words' tokens: as many labels as words, "
+            "some on later tokens of a word while the last words get none (row "
+            f"{split.row(row)}: {shown})",
+            "give each token its word's label through the encoding's word_ids() (labels[word_id] at a word's first "
+            "token, -100 elsewhere), not the word labels written into token positions",
+        )
     if example is None or off < max(MIN_OFF_WORDS, OFF_WORDS * several):
         return
     row, tokens, given = example

@@ -47,6 +47,7 @@ SCRIPT = """
                 previous = word
             labels.append(row_labels)
         encoded["labels"] = labels
+        {by_position}
         return encoded
 
     data = Dataset.from_dict({{"words": sentences, "tags": tags}}).map(align, batched=True,
@@ -66,18 +67,38 @@ SCRIPT = """
     ids=["first-sub-word", "every-sub-word"],
 )
 def test_labels_given_through_word_ids_pass(project: pytest.Pytester, condition: str) -> None:
-    write(project, "train.py", SCRIPT.format(condition=condition))
+    write(project, "train.py", SCRIPT.format(condition=condition, by_position=""))
     assert failures(run_script(project, "--trainer-stages=dataset")) == []
 
 
 def test_labels_on_the_later_sub_words_of_each_word_fail_dataset(project: pytest.Pytester) -> None:
-    write(project, "train.py", SCRIPT.format(condition="word == previous"))  # the test inverted
+    write(project, "train.py", SCRIPT.format(condition="word == previous", by_position=""))  # the test inverted
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(
         [
             "dataset[[]cpu[]] failed: in * of the * words of several tokens (of the first 64 rows of the training "
             "dataset), the word's first token is -100 while a later one carries a label (row *",
+            "*fix: give each token its word's label through the encoding's word_ids()*",
+        ]
+    )
+
+
+#: The word tags written into the token positions after [CLS] in turn, word_ids() unused.
+BY_POSITION = (
+    'encoded["labels"] = [[-100] + list(word_tags) + [-100] * (len(encoded["input_ids"][row]) - len(word_tags) - 1) '
+    'for row, word_tags in enumerate(batch["tags"])]'
+)
+
+
+def test_word_tags_written_into_token_positions_fail_dataset(project: pytest.Pytester) -> None:
+    write(project, "train.py", SCRIPT.format(condition="word != previous", by_position=BY_POSITION))
+    result = run_script(project, "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: in * of the * rows read back (of the first 64 of the training dataset), each "
+            "word's label sits on the row's tokens in turn, not on its words' tokens*",
             "*fix: give each token its word's label through the encoding's word_ids()*",
         ]
     )
