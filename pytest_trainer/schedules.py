@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
-from pytest_trainer.script_runner import Cut
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.script_runner import Cut
 
 #: A top rate this close to the peak reached it (the rounding of the last warmup step).
 REACHED = 0.99

@@ -78,6 +78,8 @@ MIN_QA_ROWS = 8
 #: which the spans were computed wrongly (a correct pipeline has none: a few are allowed for odd tokenizations).
 MISPLACED = 0.1
 MIN_MISPLACED = 2
+#: Answered rows read as Python values (their token ids, segments and answer texts).
+QA_ROWS = 512
 #: Columns that may still hold the answer text (SQuAD's `answers`, with its `text` list).
 ANSWER_COLUMNS = ("answers", "answer", "answer_text")
 
@@ -97,7 +99,12 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
     if not answered.size:
         return
     tokenizer = getattr(pipeline.trainer, "processing_class", None)
-    ids = table.column(pipeline.task.sequence).to_pylist() if pipeline.task.sequence else None
+    read = [int(row) for row in answered[:QA_ROWS]]  # the rows read as Python values: the first answered ones
+
+    def values(name: str) -> dict[int, Any]:
+        return dict(zip(read, table.column(name).take(read).to_pylist(), strict=True))
+
+    ids = values(pipeline.task.sequence) if pipeline.task.sequence else None
 
     def decoded(row: int) -> str | None:
         try:
@@ -110,17 +117,17 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
         return f" ({text!r})" if text is not None else ""
 
     def misplaced(rows: list[int], where: str, fix: str) -> None:
-        if len(rows) >= max(MIN_MISPLACED, MISPLACED * answered.size):
+        if len(rows) >= max(MIN_MISPLACED, MISPLACED * len(read)):
             row = rows[0]
             raise diagnosis.Finding(
-                f"the answer spans of {len(rows)} of the {answered.size} answered rows of the {description} dataset "
+                f"the answer spans of {len(rows)} of the {len(read)} answered rows read (of the {description} dataset) "
                 f"{where}: row {split.row(row)} points at {int(starts[row])}..{int(ends[row])}{shown(row)}",
                 fix,
             )
 
-    types = table.column("token_type_ids").to_pylist() if "token_type_ids" in table.column_names else None
+    types = values("token_type_ids") if "token_type_ids" in table.column_names else None
     sep = getattr(tokenizer, "sep_token_id", None)
-    pairs = {int(row): _segments(ids[row], types[row] if types else None, sep) for row in answered} if ids else {}
+    pairs = {row: _segments(ids[row], types[row] if types else None, sep) for row in read} if ids else {}
     found = {row: pair for row, pair in pairs.items() if pair is not None}
     if found:
         first = float(np.mean([len(pair[0]) for pair in found.values()]))
@@ -141,13 +148,13 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
     if column is None or tokenizer is None or ids is None:
         return
     if column in table.column_names:
-        texts = [_answer_text(value) for value in table.column(column).to_pylist()]
+        texts = {row: _answer_text(value) for row, value in values(column).items()}
     elif split.transformed:
         return  # a transform makes the rows: the stored answers may not be theirs
     else:  # dropped by the Trainer as no input of the model: read where it is stored
-        given = split.given[column]
-        texts = [_answer_text(given[split.row(row)]) for row in range(table.num_rows)]
-    spans = {int(row): decoded(int(row)) for row in answered if texts[row]}
+        stored_rows = split.given.select([split.row(row) for row in read])[column]
+        texts = {row: _answer_text(value) for row, value in zip(read, stored_rows, strict=True)}
+    spans = {row: decoded(row) for row in read if texts[row]}
     other = [row for row, span in spans.items() if span is not None and _plain(span) != _plain(texts[row])]
     misplaced(
         other,

@@ -54,7 +54,7 @@ def test_spans_in_the_question_fail_dataset(project: pytest.Pytester, types: boo
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(
         [
-            "dataset[[]cpu[]] failed: the answer spans of 32 of the 32 answered rows of the training dataset lie in "
+            "dataset[[]cpu[]] failed: the answer spans of 32 of the 32 answered rows read (of the training dataset) lie in "
             "the question (the first sequence of each pair, the shorter), not in the context: row 0 points at 1..1 *",
             "*fix: find the answer among the context's tokens*",
         ]
@@ -85,7 +85,7 @@ def test_spans_off_by_one_from_the_answer_text_fail_dataset(project: pytest.Pyte
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(
         [
-            "dataset[[]cpu[]] failed: the answer spans of * of the 32 answered rows of the training dataset read "
+            "dataset[[]cpu[]] failed: the answer spans of * of the 32 answered rows read (of the training dataset) read "
             "otherwise than their answer text in 'answers': row 0 points at *",
             "*fix: compute start_positions and end_positions from the answer's character offsets*",
         ]
