@@ -1,5 +1,6 @@
 """`collate`: the Trainer's own train dataloader turns samples into a batch the model can take (images normalized as
-the Trainer's image processor normalizes them: `pixels`)."""
+the Trainer's image processor normalizes them: `pixels`; audio at the sampling rate its feature extractor reads,
+padding masked where the model needs it: `audio`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
-    from pytest_trainer import fed_checks, pixels
+    from pytest_trainer import audio, fed_checks, pixels
 
     batch = pipeline.batches.first()
     loose = {key: type(value).__name__ for key, value in batch.items() if not torch.is_tensor(value)}
@@ -57,6 +58,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             lambda: check_start_token(pipeline, batch),
             lambda: _raise(check_masked_targets(pipeline, batch)),
             lambda: pixels.check_normalized(pipeline, batch, "training"),
+            lambda: audio.check_sampling_rate(pipeline),
+            lambda: audio.check_attention_mask(pipeline),
         ]
     )
     return result

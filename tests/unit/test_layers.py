@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.overlap",
         "pytest_trainer.schedules",
         "pytest_trainer.pixels",
+        "pytest_trainer.audio",
     ),
     ("pytest_trainer.pipeline",),  # one Trainer as the stages see it
     (
@@ -97,7 +98,8 @@ ROLES: tuple[str, ...] = (
     "the registry of stages and the runner of one",
     "one module per stage, and what a stage is",
     "what the stages share: checks of the fed data and the task, the pipeline's explanation rows, strategies, "
-    "forecasts, the learning rate over the run, the images against their processor, the judges of several processes, the pictures",
+    "forecasts, the learning rate over the run, the images against their processor, the audio against its feature "
+    "extractor, the judges of several processes, the pictures",
     "one Trainer as the stages see it",
     "trainer families, the fed data, training runs, losses, adapters, one rank of several processes",
     "running a script up to trainer.train(), and the explanation rows of the errors it raises",

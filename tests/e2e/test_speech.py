@@ -1,0 +1,169 @@
+"""Speech pipelines against their feature extractor (`collate`): audio stored at another sampling rate than the
+extractor reads and fed without resampling, and padded waveforms without the attention mask a layer-norm Wav2Vec2
+needs. Each with its correct twin."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import failures, run_script, write
+
+STAGES = "--trainer-stages=dataset,collate,forward"
+
+# Wav2Vec2 audio classification whose audio stays in the dataset, as {"array", "sampling_rate"} values, and is turned
+# into input_values by a transform each time a row is read (set_transform, as in the audio classification guide).
+WAVEFORMS = """
+    import numpy as np
+    from datasets import Dataset
+    from scipy.signal import resample_poly
+    from transformers import (DataCollatorWithPadding, Trainer, TrainingArguments, Wav2Vec2Config,
+                              Wav2Vec2FeatureExtractor, Wav2Vec2ForSequenceClassification)
+
+    RATE = {rate}
+    rng = np.random.default_rng(0)
+    clips, labels = [], []
+    for i in range(24):
+        length = int(rng.integers(RATE // 20, RATE // 10))
+        t = np.arange(length) / RATE
+        wave = np.sin(2 * np.pi * 300 * (i % 3 + 1) * t) + 0.3 * rng.standard_normal(length)
+        clips.append({{"array": wave.astype(np.float32).tolist(), "sampling_rate": RATE}})
+        labels.append(i % 3)
+    data = Dataset.from_dict({{"audio": clips, "label": labels}})
+
+    extractor = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True,
+                                         return_attention_mask=True)
+
+    def prepare(batch):
+        arrays = [{array} for audio in batch["audio"]]
+        features = extractor(arrays, sampling_rate=16000)
+        features["labels"] = batch["label"]
+        return features
+
+    data.set_transform(prepare)
+    config = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                            conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2), num_feat_extract_layers=2,
+                            feat_extract_norm="layer", num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+                            classifier_proj_size=16, mask_time_prob=0.0, num_labels=3)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none",
+                             remove_unused_columns=False)
+    trainer = Trainer(model=Wav2Vec2ForSequenceClassification(config), args=args, train_dataset=data,
+                      processing_class=extractor, data_collator=DataCollatorWithPadding(extractor))
+    trainer.train()
+"""
+AS_STORED = 'audio["array"]'
+RESAMPLED = 'resample_poly(np.asarray(audio["array"]), 16000 // audio["sampling_rate"], 1)'
+
+
+def test_waveforms_stored_at_8_khz_and_fed_as_16_khz_fail_collate(project: pytest.Pytester) -> None:
+    write(project, "train.py", WAVEFORMS.format(rate=8000, array=AS_STORED))
+    result = run_script(project, STAGES)
+    assert failures(result) == ["collate[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: the audio is fed at the wrong sampling rate: training rows 0, 11, 23 hold "
+            "'audio' sampled at 8000 Hz*read as 16000 Hz audio (the rate Wav2Vec2FeatureExtractor reads): the model "
+            "hears every clip 2x faster and higher*",
+            "*fix: resample the audio to 16000 Hz before the feature extractor: resample each array, "
+            "librosa.resample(array, orig_sr=8000, target_sr=16000)*sampling_rate=16000",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("rate", "array"), [(8000, RESAMPLED), (16000, AS_STORED)], ids=["resampled-to-16-khz", "stored-at-16-khz"]
+)
+def test_waveforms_at_the_extractors_rate_pass(project: pytest.Pytester, rate: int, array: str) -> None:
+    write(project, "train.py", WAVEFORMS.format(rate=rate, array=array))
+    assert failures(run_script(project, STAGES)) == []
+
+
+# Whisper audio classification on log-mel spectrograms, made once by map(); the audio column is kept beside them (the
+# Trainer drops it), its rate in a column of its own.
+SPECTROGRAMS = """
+    import numpy as np
+    from datasets import Dataset
+    from scipy.signal import resample_poly
+    from transformers import (Trainer, TrainingArguments, WhisperConfig, WhisperFeatureExtractor,
+                              WhisperForAudioClassification)
+
+    RATE = 8000
+    rng = np.random.default_rng(0)
+    waves = [np.sin(np.arange(int(rng.integers(4000, 8000))) * rng.uniform(0.05, 0.4)).astype(np.float32)
+             + 0.1 * rng.standard_normal(1).astype(np.float32) for _ in range(16)]
+    data = Dataset.from_dict({{"speech": waves, "sampling_rate": [RATE] * 16, "label": [i % 2 for i in range(16)]}})
+    extractor = WhisperFeatureExtractor(feature_size=16, chunk_length=1)  # 1 s of audio: 100 frames of 16 bins
+
+    def prepare(row):
+        speech = {speech}
+        return {{"input_features": extractor(speech, sampling_rate=16000).input_features[0]}}
+
+    data = data.map(prepare)
+    config = WhisperConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                           decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=16,
+                           max_source_positions=50, max_target_positions=16, num_labels=2)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+    trainer = Trainer(model=WhisperForAudioClassification(config), args=args, train_dataset=data,
+                      processing_class=extractor)
+    trainer.train()
+"""
+
+
+def test_spectrograms_of_8_khz_audio_read_as_16_khz_fail_collate(project: pytest.Pytester) -> None:
+    write(project, "train.py", SPECTROGRAMS.format(speech='row["speech"]'))
+    result = run_script(project, STAGES)
+    assert failures(result) == ["collate[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: the audio is fed at the wrong sampling rate: training rows 0, 7, 15 hold "
+            "'speech' sampled at 8000 Hz, and the input_features the collator makes of them*",
+        ]
+    )
+
+
+def test_spectrograms_of_resampled_audio_pass(project: pytest.Pytester) -> None:
+    write(project, "train.py", SPECTROGRAMS.format(speech='resample_poly(np.asarray(row["speech"]), 2, 1)'))
+    assert failures(run_script(project, STAGES)) == []
+
+
+# Waveforms padded by the extractor's pad(), with or without the attention mask, for both feature encoder norms.
+PADDED = """
+    import numpy as np
+    from datasets import Dataset
+    from transformers import (DataCollatorWithPadding, Trainer, TrainingArguments, Wav2Vec2Config,
+                              Wav2Vec2FeatureExtractor, Wav2Vec2ForSequenceClassification)
+
+    rng = np.random.default_rng(0)
+    waves = [rng.standard_normal(int(rng.integers(800, 1601))).astype(np.float32) for _ in range(16)]
+    raw = Dataset.from_dict({{"audio": waves, "label": [i % 2 for i in range(16)]}})
+    extractor = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True,
+                                         return_attention_mask={mask})
+    data = raw.map(lambda batch: extractor(batch["audio"], sampling_rate=16000), batched=True, remove_columns=["audio"])
+    config = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                            conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2), num_feat_extract_layers=2,
+                            feat_extract_norm="{norm}", num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+                            classifier_proj_size=16, mask_time_prob=0.0, num_labels=2)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+    trainer = Trainer(model=Wav2Vec2ForSequenceClassification(config), args=args, train_dataset=data,
+                      processing_class=extractor, data_collator=DataCollatorWithPadding(extractor))
+    trainer.train()
+"""
+
+
+def test_a_layer_norm_wav2vec2_fed_padding_without_a_mask_fails_collate(project: pytest.Pytester) -> None:
+    write(project, "train.py", PADDED.format(mask=False, norm="layer"))
+    result = run_script(project, STAGES)
+    assert failures(result) == ["collate[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "collate[[]cpu[]] failed: the waveforms are padded without an attention mask: a batch of the training "
+            "split holds clips of * to * samples*Wav2Vec2ForSequenceClassification has feat_extract_norm='layer'*",
+            "*fix: have the feature extractor return the mask*return_attention_mask=True*",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("mask", "norm"), [(True, "layer"), (False, "group")], ids=["layer-norm-with-mask", "group-norm-as-wav2vec2-base"]
+)
+def test_padding_as_the_checkpoint_expects_passes(project: pytest.Pytester, mask: bool, norm: str) -> None:
+    write(project, "train.py", PADDED.format(mask=mask, norm=norm))
+    assert failures(run_script(project, STAGES)) == []
