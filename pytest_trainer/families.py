@@ -3,15 +3,16 @@
 The plain `Trainer`, `Seq2SeqTrainer`, TRL's `SFTTrainer`, its preference trainers (DPO, reward, KTO, ORPO, CPO)
 and its online RL trainers (GRPO, RLOO) feed and score a model in their own ways. A stage never asks which
 trainer it has: it asks the pipeline's `Family`. A new kind of trainer plugs in as one class here, listed in
-`FAMILIES`.
+`FAMILIES`, or as a subclass of `Family` in another package, named by its `pytest_trainer.families` entry point.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, model_facts, sampling, tasks, training
+from pytest_trainer import diagnosis, extensions, model_facts, sampling, tasks, training
 
 if TYPE_CHECKING:
     import torch
@@ -355,7 +356,18 @@ class SentenceTransformers(Family):
 FAMILIES: tuple[type[Family], ...] = (Online, Preference, SFT, Seq2Seq, SentenceTransformers)
 
 
+@functools.cache
+def registered() -> tuple[type[Family], ...]:
+    """The families installed packages add through the `pytest_trainer.families` entry points (`extensions`)."""
+
+    def fits(value: Any) -> bool:
+        return isinstance(value, type) and issubclass(value, Family)
+
+    return tuple(family for _, family in extensions.loaded(extensions.FAMILIES, "a subclass of Family", fits))
+
+
 def family_of(trainer: Any) -> Family:
-    """The family of a trainer, read from its class hierarchy (a subclass of the user's own keeps its family)."""
+    """The family of a trainer, read from its class hierarchy (a subclass of the user's own keeps its family): the
+    installed packages' families first, so that one may take over a trainer class a built-in family covers."""
     names = {cls.__name__ for cls in type(trainer).__mro__}
-    return next((family() for family in FAMILIES if names & set(family.trainers)), Family())
+    return next((family() for family in (*registered(), *FAMILIES) if names & set(family.trainers)), Family())

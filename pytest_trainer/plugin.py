@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_trainer import devices, options, usage
+from pytest_trainer import devices, extensions, options, usage
 from pytest_trainer.commands import Command, CommandError, parse, script_command
 from pytest_trainer.diagnosis import ScriptError, TrainerError
+from pytest_trainer.families import registered
 from pytest_trainer.items import GivenScript, StageItem, TrainerCommand, TrainerScript, stated_failure
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES, Step, cpu_first, plan
 from pytest_trainer.report import summary
@@ -45,6 +46,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", options.MARKER_LINE)
+    registered()  # the installed packages' families: what cannot be loaded stops the run here, as stages do
+    refused = extensions.problems()
+    if refused:
+        raise pytest.UsageError("\n".join(refused))
     settings = options.resolve(config)
     start_session(config, settings)
     given = config.getoption("trainer_module") or config.getoption("trainer_command")

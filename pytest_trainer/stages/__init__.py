@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import devices, diagnosis
+from pytest_trainer import devices, diagnosis, extensions
 from pytest_trainer.stages.base import Stage, StageResult, everywhere
 from pytest_trainer.timeouts import time_limit
 
@@ -23,7 +23,8 @@ __all__ = ["Stage", "StageResult", "TrainerStage", "registry"]
 
 @functools.cache
 def registry() -> dict[str, Stage]:
-    """Every stage declared by a module of this package, by name, in rank order."""
+    """Every stage declared by a module of this package, and by an installed package's entry point (a stage that
+    cannot take its place is refused, with the reason: `extensions.problems`), by name, in rank order."""
     import importlib
     import pkgutil
 
@@ -32,6 +33,23 @@ def registry() -> dict[str, Stage]:
         declared = getattr(importlib.import_module(f"{__name__}.{info.name}"), "STAGE", None)
         if isinstance(declared, Stage):
             found.append(declared)
+    ranks = {stage.name: stage.rank for stage in found}
+    for entry, stage in extensions.loaded(
+        extensions.STAGES, "a pytest_trainer.Stage", lambda value: isinstance(value, Stage)
+    ):
+        wrong = [need for need in stage.needs if ranks.get(need, stage.rank) >= stage.rank]
+        if stage.name in ranks or stage.first or wrong:
+            why = (
+                f"a stage named {stage.name!r} exists already"
+                if stage.name in ranks
+                else "only the load stage may be first"
+                if stage.first
+                else f"its needs {wrong} are not stages of a lower rank than its own ({stage.rank})"
+            )
+            extensions.refuse(entry, why)
+            continue
+        found.append(stage)
+        ranks[stage.name] = stage.rank
     ordered = sorted(found, key=lambda stage: stage.rank)
     by_name = {stage.name: stage for stage in ordered}
     for stage in ordered:

@@ -88,6 +88,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.renames",
         "pytest_trainer.explanations.registry",
         "pytest_trainer.heap",
+        "pytest_trainer.extensions",
     ),  # facts
 )
 #: What each layer holds, for the layer table of CONTRIBUTING.md (docs/generate.py).
@@ -106,7 +107,8 @@ ROLES: tuple[str, ...] = (
     "twins of real checkpoints: where their files are, their configs narrowed, the models built in their place",
     "what a task's labels and inputs are",
     "facts: the model, tables, devices, settings, commands as the user runs them, the error base, whose code a frame runs, the user's files, "
-    "metric settings, renames, what an explanation row is, the objects kept out of the garbage collector's way",
+    "metric settings, renames, what an explanation row is, the objects kept out of the garbage collector's way, what "
+    "installed packages add",
 )
 
 
