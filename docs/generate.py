@@ -2,7 +2,8 @@
 
 A block between `<!-- generated: NAME -->` and `<!-- end generated -->` in a Markdown page of the repository holds the
 table NAME makes from its registry: `options` from `pytest_trainer.options.OPTIONS`, `errors` from the explanation
-table, `fallbacks` from the fixes said where no row explains an error, `layers` from `tests/unit/test_layers.py`.
+table, `fallbacks` from the fixes said where no row explains an error, `layers` from `tests/unit/test_layers.py`,
+`checks` from the checks declared in `pytest_trainer.catalogue`.
 Only those blocks are written; `tests/e2e/test_docs.py` fails when one is stale, so a change to a registry comes with
 its page.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The pages that hold generated blocks.
-PAGES = ("docs/options.md", "docs/errors.md", "CONTRIBUTING.md")
+PAGES = ("docs/options.md", "docs/errors.md", "docs/checks.md", "CONTRIBUTING.md")
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.DOTALL)
 
 
@@ -83,7 +84,26 @@ def layers_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def checks_table() -> str:
+    import importlib
+    import pkgutil
+
+    import pytest_trainer
+    from pytest_trainer import catalogue, plan
+
+    for info in pkgutil.walk_packages(pytest_trainer.__path__, "pytest_trainer."):
+        importlib.import_module(info.name)  # a module's checks are declared when it is imported
+    order = {name: rank for rank, name in enumerate((plan.LOAD, *plan.STAGES, *plan.OPT_IN))}
+    rows = ["| stage | check | reads | what it checks |", "| --- | --- | --- | --- |"]
+    for check in sorted(catalogue.declared(), key=lambda check: (order.get(check.stages[0], 99), check.name)):
+        others = f" (also {', '.join(check.stages[1:])})" if check.stages[1:] else ""
+        rows.append(f"| {check.stages[0]}{others} | `{check.name}` | {check.reads} | {_cell(check.summary)} |")
+    subjects = "\n".join(f"- **{name}**: {what}" for name, what in catalogue.SUBJECTS.items())
+    return f"{subjects}\n\n" + "\n".join(rows) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "checks": checks_table,
     "options": options_table,
     "errors": errors_table,
     "fallbacks": fallbacks,

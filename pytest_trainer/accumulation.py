@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_trainer import diagnosis
+from pytest_trainer.catalogue import RUN, checks
 
 #: A ratio of gradients beyond this (or below its inverse) is a scaling bug, not rounding or uneven micro-batches.
 TOLERANCE = 1.5
@@ -136,6 +137,7 @@ def _accumulating(trainer: Any) -> Iterator[None]:
             trainer.current_gradient_accumulation_steps = saved
 
 
+@checks("backward", reads=RUN)
 def finding(trainer: Any, model: Any, found: Comparison) -> diagnosis.Finding | None:
     """A Finding when accumulation changes the gradients of the same samples, naming what ignores the count."""
     from pytest_trainer.model_facts import base_model

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.catalogue import BATCH, checks
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -150,6 +151,7 @@ def _is_audio_column(dataset: Any, column: str) -> bool:
     return isinstance(features, datasets.Features) and isinstance(features.get(column), datasets.Audio)
 
 
+@checks("collate", reads=BATCH)
 def check_sampling_rate(pipeline: Pipeline) -> None:
     """The collator's features of rows stored at another rate than the extractor's are made of resampled audio."""
     extractor = extractor_of(pipeline)
@@ -204,6 +206,7 @@ def check_sampling_rate(pipeline: Pipeline) -> None:
     )
 
 
+@checks("collate", reads=BATCH)
 def check_attention_mask(pipeline: Pipeline) -> None:
     """A Wav2Vec2-style model whose feature encoder normalizes each layer (feat_extract_norm="layer") is fed padded
     waveforms without an attention mask: it reads the padding as audio."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_trainer import diagnosis, tables
+from pytest_trainer.catalogue import BATCH, SPLIT, checks
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -97,6 +98,7 @@ def columns(table: pa.Table) -> tuple[list[str], str | None]:
     return [name for name in table.column_names if name not in skipped], label
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_split(trainer: Trainer, split: Any) -> None:
     """The split's columns and labels are what the loss takes."""
     loss = loss_of(trainer)
@@ -172,6 +174,7 @@ def _range_fix(expects: Expects, label: str, low: float, high: float, top: float
     return f"make {label!r} 1 for similar pairs and 0 for the others"
 
 
+@checks("dataset", reads=SPLIT)
 def check_duplicates(trainer: Trainer, split: Any) -> tuple[str | None, diagnosis.Finding | None]:
     """Under an in-batch-negatives loss, the rows of the epoch's batches that share a text with another row of their
     batch: a note, or a finding where they are many. The batches are the trainer's own batch sampler's."""
@@ -241,6 +244,7 @@ PADDED_TOLERANCE = 1e-4
 PADDED_TEXTS = 4
 
 
+@checks("padding", reads=BATCH)
 def check_padded(trainer: Trainer, split: Any) -> str:
     """A text's embedding (a bi-encoder's) or score (a cross-encoder's) is the same alone and in a batch beside a
     longer text, as the model encodes it at inference; a note of what was compared, or a failure naming the text."""

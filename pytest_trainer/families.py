@@ -13,6 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, extensions, model_facts, sampling, tasks, training
+from pytest_trainer.catalogue import BATCH, RUN, SPLIT, checks
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +81,7 @@ class Family:
         Trainer); raises a failure where they show the batch is broken."""
         return {}, []
 
+    @checks("dataset", reads=SPLIT)
     def check_training(self, trainer: Trainer, split: Any) -> list[str]:
         """Notes of the family's own checks of the training split as fed (none for the plain Trainer); raises a
         finding where the split cannot train as the family feeds it."""
@@ -94,6 +96,7 @@ class Family:
         """The metrics of the evaluator the trainer runs at each evaluation beside its eval loss (None: it has none)."""
         return None
 
+    @checks("padding", reads=BATCH)
     def check_padding(self, trainer: Trainer, split: Any) -> str | None:
         """The family's own padding property, where its library pads the rows itself (`padded_by_library`): a note of
         what was compared; raises a failure where padding changes the outputs."""
@@ -183,6 +186,7 @@ class Preference(Family):
         sequence = main if main in tasks.TOKEN_INPUTS else None
         return tasks.Task("preference pairs", tasks.PREFERENCE, sequence, more_token_columns=self.token_columns)
 
+    @checks("forward", reads=RUN)
     def after_forward(self, trainer: Trainer) -> tuple[dict[str, float], list[str]]:
         """The batch's chosen and rejected log-probabilities and rewards (TRL's logged metrics): all finite."""
         figures = logged_preferences(trainer)
@@ -323,7 +327,9 @@ class SentenceTransformers(Family):
             for loss in losses:
                 owner.override_model_in_loss(loss, held)
 
+    @checks("dataset", reads=SPLIT)
     def check_training(self, trainer: Trainer, split: Any) -> list[str]:
+        """Texts the model truncates, and texts repeated within a batch under an in-batch-negatives loss."""
         from pytest_trainer import embeddings
 
         notes = [note for note in (embeddings.truncated(trainer, split),) if note]
@@ -342,7 +348,9 @@ class SentenceTransformers(Family):
         values = metrics if isinstance(metrics, dict) else {"evaluator": metrics}
         return {str(name): float(value) for name, value in values.items() if isinstance(value, (int, float))}
 
+    @checks("padding", reads=BATCH)
     def check_padding(self, trainer: Trainer, split: Any) -> str | None:
+        """A text's embedding does not depend on the padding its batch gives it (`embeddings.check_padded`)."""
         from pytest_trainer import embeddings
 
         return embeddings.check_padded(trainer, split)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_trainer import diagnosis, fed_data, model_facts, tables, task_checks, tasks
+from pytest_trainer.catalogue import BATCH, SPLIT, checks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_split(pipeline: Pipeline, split: FedSplit, *also: Callable[[], None]) -> pa.Table:
     """Every check that holds for any split, and `also`; returns the split as fed, as an Arrow table.
 
@@ -92,6 +94,7 @@ def _transform_failed(split: FedSplit, error: Exception) -> Exception:
     return diagnosis.raised_by(error, f"the {split.description} dataset's transform")
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_inputs(pipeline: Pipeline, split: FedSplit, table: pa.Table) -> None:
     """The model's main input is there, and no text reaches a collator that pads, where the collator only batches."""
     collator = pipeline.trainer.data_collator
@@ -114,6 +117,7 @@ def check_inputs(pipeline: Pipeline, split: FedSplit, table: pa.Table) -> None:
         )
 
 
+@checks("dataset", reads=SPLIT)
 def check_labels_present(pipeline: Pipeline, table: pa.Table) -> None:
     """A model trained with the Trainer's own loss needs labels, unless the collator makes them."""
     trainer = pipeline.trainer
@@ -135,6 +139,7 @@ def check_labels_present(pipeline: Pipeline, table: pa.Table) -> None:
         )
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
     """Class ids fit the head (or the choices): integers in [0, width), or -100 to ignore a position."""
     task, description = pipeline.task, split.description
@@ -223,6 +228,7 @@ def _choices(table: pa.Table, column: str | None) -> int | None:
     return int(counts[0]) if counts.size and (counts == counts[0]).all() else None
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
     """Token ids are rows of the input embedding, and sequences fit the model's positions."""
     table, task, description = split.table, pipeline.task, split.description
@@ -251,6 +257,7 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
         )
 
 
+@checks("dataset", reads=SPLIT)
 def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
     """A classifier trained on one class only learns to predict that class; one whose labels count from 1 over a head
     with an output more never trains output 0 (on the whole training split: a sampled one may miss a rare class)."""
@@ -281,6 +288,7 @@ def check_labels_vary(pipeline: Pipeline, split: FedSplit) -> None:
         )
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_finite(description: str, table: pa.Table, dataset_row: Callable[[int], int] = int) -> None:
     """NaN or infinite numbers in inputs or labels turn the loss into NaN at the first step that meets them.
 
@@ -303,6 +311,7 @@ def check_finite(description: str, table: pa.Table, dataset_row: Callable[[int],
             )
 
 
+@checks("collate", reads=BATCH)
 def check_batch_tokens(pipeline: Pipeline, batch: dict) -> None:
     """Token ids of the batch are rows of the input embedding (where the collator itself tokenizes, say)."""
     import torch

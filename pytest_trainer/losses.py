@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
+from pytest_trainer.catalogue import RUN, checks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ def has_targets(batch: dict[str, Any], task: Task) -> bool:
     return bool((labels != IGNORE_INDEX).any())
 
 
+@checks("forward", "labels", "lengths", reads=RUN)
 def checked_loss(loss: torch.Tensor | None) -> float:
     """The loss as a number, or a failure saying why it cannot be trained on."""
     import torch

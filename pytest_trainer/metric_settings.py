@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_trainer import diagnosis
+from pytest_trainer.catalogue import SETTINGS, checks
 
 #: What `Trainer.evaluate` adds to every evaluation's metrics, beside the loss and compute_metrics' own.
 SPEED = ("runtime", "samples_per_second", "steps_per_second")
@@ -119,6 +120,7 @@ def acting(args: Any, callbacks: Sequence[Any], split: str | None = None) -> lis
     return found
 
 
+@checks("eval", reads=SETTINGS)
 def check(
     args: Any,
     callbacks: Sequence[Any],

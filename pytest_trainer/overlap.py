@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_trainer import diagnosis, tables
+from pytest_trainer.catalogue import SPLIT, checks
 
 if TYPE_CHECKING:
     from pytest_trainer.fed_data import FedSplit
@@ -295,6 +296,7 @@ class Evaluated:
     targets: Sequence[str] = ()
 
 
+@checks("dataset", reads=SPLIT)
 def judge(found: Overlap, split: Evaluated, given_is_training: bool = False) -> list[str]:
     """The notes an evaluation split's rows shared with training give; a finding where they spoil the run (the rule
     of the module's docstring)."""

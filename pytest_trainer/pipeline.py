@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import adapters, diagnosis, families, fed_data, tasks, training
+from pytest_trainer.catalogue import SETTINGS, checks
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.losses import checked_loss
 from pytest_trainer.settings import Settings
@@ -80,7 +81,9 @@ class Pipeline:
         return fed_data.splits(self.trainer, self.settings.sample, self.family.keeps_columns)
 
     @property
+    @checks("dataset", reads=SETTINGS)
     def training(self) -> fed_data.FedSplit:
+        """The training split as fed; a failure where the Trainer has none."""
         found = next((split for split in self.splits if split.description == "training"), None)
         if found is None:
             raise diagnosis.PipelineFailure("the Trainer has no train_dataset", "pass train_dataset= to the Trainer")
@@ -96,7 +99,9 @@ class Pipeline:
     # ---- model ----------------------------------------------------------------------------
 
     @property
+    @checks("forward", reads=SETTINGS)
     def model(self) -> torch.nn.Module:
+        """The Trainer's model; a failure where it has none before train() (model_init)."""
         model = self.trainer.model
         if model is None:  # only with model_init, which the Trainer calls at train()
             raise diagnosis.PipelineFailure(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_trainer import diagnosis
+from pytest_trainer.catalogue import BATCH, checks
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -79,6 +80,7 @@ def _listed(values: np.ndarray) -> str:
     return "[" + ", ".join(f"{value:g}" for value in values) + "]"
 
 
+@checks("collate", "eval", reads=BATCH)
 def check_normalized(pipeline: Pipeline, batch: dict[str, Any], description: str) -> None:
     """The images of a batch are normalized as the Trainer's image processor normalizes them."""
     found = statistics(getattr(pipeline.trainer, "processing_class", None))
@@ -98,6 +100,7 @@ def check_normalized(pipeline: Pipeline, batch: dict[str, Any], description: str
             )
 
 
+@checks("eval", reads=BATCH)
 def check_repeatable(first: dict[str, Any], again: dict[str, Any], description: str) -> None:
     """An evaluation split gives the same batch on every pass: random transforms there make its metrics move between
     evaluations by chance."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
+from pytest_trainer.catalogue import COMPLETIONS, checks
 
 #: The figure of the seconds sampling took, given by the stage that reports the rewards (the summary shows it).
 SECONDS_FIGURE = "sampling_seconds"
@@ -232,6 +233,7 @@ def _is_async(function: Any) -> bool:
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)
 
 
+@checks("collate", reads=COMPLETIONS)
 def check_answer(name: str, answer: Any, expected: int) -> None:
     """A reward function returns one number (or None) per completion: anything else fails with the cause."""
     import math

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
+from pytest_trainer.catalogue import RUN, checks
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -40,6 +41,7 @@ class RunLength:
     estimated: str = ""
 
 
+@checks("step", reads=RUN)
 def judge(
     rates: Sequence[float], peak: float, run: RunLength, share: str = "warmup_ratio=0.05"
 ) -> diagnosis.Finding | None:

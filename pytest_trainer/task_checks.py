@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_trainer import diagnosis, embeddings, model_facts, tables, tasks
+from pytest_trainer.catalogue import MODEL, SPLIT, checks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
     """Seq2seq targets padded with the pad id, not -100, train the model to write padding."""
     table = split.table
@@ -38,6 +40,7 @@ def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
         raise diagnosis.pad_in_targets(values[index], count, where)
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
     """Answer spans inside their sequence: the QA loss silently ignores a position past the end."""
     table, sequence = split.table, pipeline.task.sequence
@@ -84,6 +87,7 @@ QA_ROWS = 512
 ANSWER_COLUMNS = ("answers", "answer", "answer_text")
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray, ends: np.ndarray) -> None:
     """Answer spans point at the answer: not every one at position 0 (the "no answer" convention), not into the
     question (token_type_ids 0), and, where the answer text is still in the data, at tokens that read as it."""
@@ -248,6 +252,7 @@ def padded_targets(pipeline: Pipeline, values: np.ndarray, ends: np.ndarray | No
     return (int(found[0]), int(found.size)) if found.size else None
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
     """In token classification, one label per token, and -100 on [CLS], [SEP] and padding."""
     table, description = split.table, split.description
@@ -303,6 +308,7 @@ BY_POSITION = 0.5
 MIN_BY_POSITION = 3
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: str, column: str) -> None:
     """Word labels sit on a word's first token (or on every token of it), as word_ids() gives them: a word of several
     tokens whose first is -100 while a later one is labeled got its label by a position, shifted.
@@ -374,6 +380,7 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
     )
 
 
+@checks("dataset", "eval", reads=MODEL)
 def check_label_names(pipeline: Pipeline, split: FedSplit) -> None:
     """The model's id2label names the dataset's classes (its ClassLabel's names) in the dataset's order: the same
     names in another order put the wrong name on every prediction of the trained model."""
@@ -409,6 +416,7 @@ def _name(label: str) -> str:
     return "".join(character for character in label.lower() if character.isalnum())
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_embedding_columns(pipeline: Pipeline, split: FedSplit) -> None:
     """A sentence-transformers split feeds the text columns and the labels its loss takes."""
     embeddings.check_split(pipeline.trainer, split)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.catalogue import SETTINGS, checks
 from pytest_trainer.losses import checked_loss, detached_loss
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ def non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
         ]
 
 
+@checks("step", reads=SETTINGS)
 def at_peak_learning_rate(optimizer: Any, model: Any) -> tuple[float, bool]:
     """Set every group to its peak learning rate; a warmup that starts at 0 must not hide it.
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, tasks
+from pytest_trainer.catalogue import BATCH, CHECKPOINT, checks
 
 if TYPE_CHECKING:
     import numpy as np
@@ -60,6 +61,7 @@ def images_of(sample: dict[str, Any]) -> list[Any] | None:
 # ---- targets: per row, the image tokens each row's images need, and none of them supervised ---------------------
 
 
+@checks("targets", reads=BATCH)
 def audit(
     pipeline: Pipeline, spread: Sequence[tuple[dict[str, np.ndarray], list[dict[str, Any]]]], sampled: int
 ) -> tuple[dict[str, float], list[str]]:
@@ -120,6 +122,7 @@ def expected_image_tokens(pipeline: Pipeline, images: list[Any]) -> int | None:
     return int((encoded["input_ids"] == token).sum())
 
 
+@checks("targets", reads=BATCH)
 def check_image_token_counts(
     pipeline: Pipeline, collated: Sequence[tuple[dict[str, np.ndarray], list[dict[str, Any]], list[int]]]
 ) -> None:
@@ -153,6 +156,7 @@ def check_image_token_counts(
 # ---- collate: the images reach the collator ----------------------------------------------------------------
 
 
+@checks("collate", reads=BATCH)
 def check_images_kept(pipeline: Pipeline, batch: dict[str, Any]) -> None:
     """An image column the Trainer drops (remove_unused_columns) leaves the collator rows without images: the batch
     has no pixel input, and the model trains on the text alone."""
@@ -270,6 +274,7 @@ PROCESSOR_SETTINGS = (
 )
 
 
+@checks("save", reads=CHECKPOINT)
 def check_processor_saved(pipeline: Pipeline) -> None:
     """A vision-language model is saved with a processor that prepares images, not a tokenizer alone."""
     given = getattr(pipeline.trainer, "processing_class", None)

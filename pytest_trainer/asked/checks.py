@@ -12,6 +12,7 @@ from typing import Any
 
 from pytest_trainer import diagnosis
 from pytest_trainer.asked.view import ANSWER_FIELDS, Asked, Row
+from pytest_trainer.catalogue import TEMPLATE, checks
 
 #: A systematic defect (a template, a tokenizer setting) shows on this share of the rows it can show on, or more.
 MOST = 0.5
@@ -27,6 +28,7 @@ FIELD_TEMPLATES = {
 CUT_SHARE = 0.25
 
 
+@checks("targets", reads=TEMPLATE)
 def check_doubled_bos(asked: Asked) -> None:
     """A chat template that writes the BOS token, rendered to text and tokenized again, starts each row with two."""
     bos = asked.bos
@@ -46,6 +48,7 @@ def check_doubled_bos(asked: Asked) -> None:
     )
 
 
+@checks("targets", reads=TEMPLATE)
 def check_prompt_as_asked(asked: Asked) -> None:
     """Each conversation's trained row begins with the very tokens inference will prompt the model with."""
     compared: list[tuple[Row, list[int], int]] = []
@@ -74,6 +77,7 @@ def check_prompt_as_asked(asked: Asked) -> None:
     )
 
 
+@checks("targets", reads=TEMPLATE)
 def check_answer_ends(asked: Asked, notes: list[str]) -> tuple[int, int]:
     """Every answer the model is trained on ends with a token generation stops at, and is not cut by truncation.
 
@@ -145,6 +149,7 @@ def check_answer_ends(asked: Asked, notes: list[str]) -> tuple[int, int]:
     )
 
 
+@checks("targets", reads=TEMPLATE)
 def check_eos_of_texts(asked: Asked) -> tuple[int, int]:
     """In plain language modelling, the end-of-sequence tokens the rows hold are trained: a collator that masks every
     pad id, with pad = eos, teaches the model never to stop. Returns (eos tokens, eos tokens trained)."""
@@ -182,6 +187,7 @@ def check_eos_of_texts(asked: Asked) -> tuple[int, int]:
     raise diagnosis.Finding(cause, fix, [f"row as trained: {asked.marked(row)}"])
 
 
+@checks("targets", reads=TEMPLATE)
 def check_answers_trained(asked: Asked) -> None:
     """What the stored conversation holds reaches the row: each turn's content, and what the answer says besides its
     content (its reasoning, its tool calls) among the trained tokens."""

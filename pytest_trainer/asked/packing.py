@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.catalogue import BATCH, checks
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +36,7 @@ BOUNDARY_KEYS = (
 )
 
 
+@checks("forward", reads=BATCH)
 def check_documents_apart(model: torch.nn.Module, batch: dict[str, Any], checkpointing: bool) -> str | None:
     """Raise a finding where a packed document's logits differ from the same document alone; return a note (or None
     where the batch packs nothing this check can read). The forward builds a cache as training's does: none under
@@ -151,6 +153,7 @@ def _gap(
     return gap, max(1.0, float(alone_logits.float().abs().max()))
 
 
+@checks("forward", reads=BATCH)
 def check_unmarked_documents(
     model: torch.nn.Module, samples: list[dict[str, Any]], batch: dict[str, Any], conversations: bool
 ) -> str | None:

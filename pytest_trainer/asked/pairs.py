@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
+from pytest_trainer.catalogue import BATCH, checks
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ def answers(batch: Mapping[str, np.ndarray], count: int) -> list[tuple[list[int]
     return list(zip(rows[:count], rows[count:], strict=True))
 
 
+@checks("targets", reads=BATCH)
 def check_pairs_differ(
     found: Sequence[tuple[list[int], list[int], Mapping[str, Any]]], max_length: int | None, text: Any, notes: list[str]
 ) -> None:

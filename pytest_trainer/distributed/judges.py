@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, frames
+from pytest_trainer.catalogue import PROCESSES, checks
 from pytest_trainer.explanations import pipeline_rows
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ def stopped(pipeline: Pipeline, ranks: Ranks, job: Job) -> None:
         raise failure
 
 
+@checks("distributed", reads=PROCESSES)
 def why_stopped(
     ranks: Ranks,
     processes: int,
@@ -104,6 +106,7 @@ def died_first(unfinished: list[dict[str, Any]], exits: dict[int, int]) -> dict[
     return min(dead, key=lambda record: order.index(record["rank"]) if record["rank"] in order else len(order))
 
 
+@checks("distributed", reads=PROCESSES)
 def different_data(ranks: Ranks) -> diagnosis.PipelineFailure | None:
     """The ranks built different rows, tokenizers, label maps or epochs; None when they agree (or too few recorded
     it). The first row that differs is shown value by value where both ranks recorded it."""
@@ -212,6 +215,7 @@ def findings(pipeline: Pipeline, ranks: Ranks, job: Job) -> list[str]:
     return notes
 
 
+@checks("distributed", reads=PROCESSES)
 def same_rows(records: list[dict[str, Any]]) -> None:
     """Fail when every rank trained on rank 0's rows at every micro-batch: the data is not split between them."""
     steps = [record.get("rows") or [] for record in records]
@@ -232,7 +236,9 @@ def same_rows(records: list[dict[str, Any]]) -> None:
     )
 
 
+@checks("distributed", reads=PROCESSES)
 def same_weights(records: list[dict[str, Any]]) -> None:
+    """After the same steps every rank holds rank 0's weights: nothing changes a parameter outside the averaged step."""
     reference = records[0].get("weights") or {}
     differing: dict[str, list[int]] = {}
     for record in records[1:]:
@@ -252,7 +258,9 @@ def same_weights(records: list[dict[str, Any]]) -> None:
     )
 
 
+@checks("distributed", reads=PROCESSES)
 def evaluation(pipeline: Pipeline, records: list[dict[str, Any]]) -> list[str]:
+    """Each evaluation split's rows reach compute_metrics once: as many predictions as rows, none counted twice."""
     notes: list[str] = []
     for found in records[0].get("evaluations") or []:
         rows, received = found.get("rows"), found.get("received")
@@ -277,7 +285,9 @@ def evaluation(pipeline: Pipeline, records: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
+@checks("distributed", reads=PROCESSES)
 def written_once(records: list[dict[str, Any]]) -> None:
+    """Each file of the output folder is written by one rank: the processes do not race on a file."""
     writers: dict[str, list[int]] = {}
     for record in records:
         for path in record.get("written") or []:
@@ -295,6 +305,7 @@ def written_once(records: list[dict[str, Any]]) -> None:
     )
 
 
+@checks("distributed", reads=PROCESSES)
 def reloaded(pipeline: Pipeline, records: list[dict[str, Any]], job: Job) -> list[str]:
     """Load the checkpoint into this process's Trainer: the fixed batch's loss must be the trained one, and a
     one-process evaluation must give the metrics of the distributed one."""
@@ -351,7 +362,9 @@ def _one_process(pipeline: Pipeline, found: dict[str, Any]) -> list[str]:
     return [f"distributed evaluation gives the one-process metrics ({', '.join(sorted(metrics))})"]
 
 
+@checks("distributed", reads=PROCESSES)
 def sharded(records: list[dict[str, Any]]) -> list[str]:
+    """The model's state dict survives FSDP: a sharded save reloads whole, and the full state dict is the model's."""
     found = records[0].get("sharding")
     if not found:
         return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import accumulation, adapters, diagnosis, model_facts
+from pytest_trainer.catalogue import RUN, checks
 from pytest_trainer.losses import detached_loss
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
@@ -155,6 +156,7 @@ def _checkpointed_inputs(
     )
 
 
+@checks("backward", reads=RUN)
 def check_added_tokens(pipeline: Pipeline, model: Any, batch: dict[str, Any]) -> diagnosis.Finding | None:
     """Tokens added to the tokenizer and used in the data need embedding rows that can learn."""
     import torch
@@ -191,6 +193,7 @@ def _unused(missing: list[str], total: int) -> diagnosis.Finding | None:
     )
 
 
+@checks("backward", reads=RUN)
 def check_new_heads(pipeline: Pipeline, model: Any) -> diagnosis.Finding | None:
     """A newly initialised head (a classifier the checkpoint did not have) that stays frozen keeps random weights."""
     found = adapters.frozen_new_heads(model)
@@ -211,6 +214,7 @@ def check_new_heads(pipeline: Pipeline, model: Any) -> diagnosis.Finding | None:
     )
 
 
+@checks("backward", reads=RUN)
 def check_accumulation(pipeline: Pipeline, model: Any, device: str) -> diagnosis.Finding | None:
     """Gradient accumulation must not change the loss or gradients of the same samples."""
     trainer = pipeline.trainer

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis, model_facts, tasks
+from pytest_trainer.catalogue import BATCH, checks
 from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def _raise(found: diagnosis.Finding | None) -> None:
         raise found
 
 
+@checks("collate", reads=BATCH)
 def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
     """Seq2seq targets the collator pads with the pad id instead of -100."""
     from pytest_trainer.task_checks import padded_targets
@@ -87,6 +89,7 @@ def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
         )
 
 
+@checks("collate", reads=BATCH)
 def check_start_token(pipeline: Pipeline, batch: dict) -> None:
     """Seq2seq labels that all begin with the decoder start token, which the model prepends itself.
 
@@ -140,6 +143,7 @@ def decoder_start(model: object) -> int | None:
     return None
 
 
+@checks("collate", reads=BATCH)
 def check_masked_targets(pipeline: Pipeline, batch: dict) -> diagnosis.Finding | None:
     """A masked language model whose labels are its inputs learns to copy the token it sees, not to predict hidden ones.
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, metric_settings
+from pytest_trainer.catalogue import SPLIT, checks
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 from pytest_trainer.tasks import IGNORE_INDEX
 
@@ -53,6 +54,7 @@ def generation_limit(trainer: Any, model: Any) -> tuple[int, str] | None:
     return int(length) - 1, f"the generation config's max_length={length}{default}"
 
 
+@checks("eval", reads=SPLIT)
 def check_generation_length(pipeline: Pipeline, split: Split, limit: int, setting: str) -> list[str]:
     """Evaluation that generates must not cut most predictions below their references: the metrics would compare
     cut text with whole references. Fewer cut references are a note."""

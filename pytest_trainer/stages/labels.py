@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.catalogue import MODEL, checks
 from pytest_trainer.losses import checked_loss, has_targets
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.tasks import IGNORE_INDEX
@@ -82,6 +83,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     return StageResult("labels", device, figures={"label_values": float(len(domain.values))})
 
 
+@checks("labels", reads=MODEL)
 def check_domain_fits_head(pipeline: Pipeline, domain: strategies.LabelDomain) -> None:
     """Integer class ids of the domain fit the head's width and its id2label."""
     width = pipeline.task.classes

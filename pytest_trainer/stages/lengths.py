@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.catalogue import SETTINGS, checks
 from pytest_trainer.losses import checked_loss, has_targets
 from pytest_trainer.stages.base import Stage, StageResult, row_by_row
 
@@ -73,6 +74,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     return StageResult("lengths", device, figures={"position_limit": float(limit)} if limit else {}, notes=notes)
 
 
+@checks("lengths", reads=SETTINGS)
 def check_truncation_length(pipeline: Pipeline) -> str | None:
     """truncation=True cuts at the tokenizer's model_max_length: it must not exceed the model's positions.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, model_facts
+from pytest_trainer.catalogue import TEMPLATE, checks
 from pytest_trainer.losses import has_targets
 from pytest_trainer.stages.base import Stage, StageResult, row_by_row
 from pytest_trainer.tasks import IGNORE_INDEX
@@ -65,6 +66,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     return StageResult("padding", device, notes=notes)
 
 
+@checks("padding", reads=TEMPLATE)
 def check_pad_token(pipeline: Pipeline) -> None:
     """The model must know the tokenizer's pad id: some models find the end of the text by it."""
     tokenizer = getattr(pipeline.trainer, "processing_class", None)

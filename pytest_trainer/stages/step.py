@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, schedules
+from pytest_trainer.catalogue import RUN, checks
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
 
@@ -46,6 +47,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     return result
 
 
+@checks("step", reads=RUN)
 def check_schedule(pipeline: Pipeline, model: Any, result: StageResult) -> None:
     """The learning rate over the whole run: a warmup longer than the run, a scheduler made for fewer steps."""
     finding, notes = schedules.check(pipeline, model)
@@ -54,6 +56,7 @@ def check_schedule(pipeline: Pipeline, model: Any, result: StageResult) -> None:
         raise finding
 
 
+@checks("step", reads=RUN)
 def check_updates_kept(pipeline: Pipeline, model: Any, rate: float, result: StageResult) -> None:
     """Weights held in bf16 or fp16 and updated in place keep an update only above half their rounding step (2**-8 of
     the weight in bf16): at fine-tuning rates most of them, and every norm weight near 1, never move."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, tasks
+from pytest_trainer.catalogue import BATCH, checks
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 
 if TYPE_CHECKING:
@@ -151,6 +152,7 @@ def _numpy(batch: dict[str, Any]) -> dict[str, np.ndarray]:
     return {key: value.detach().cpu().numpy() for key, value in batch.items() if hasattr(value, "detach")}
 
 
+@checks("targets", reads=BATCH)
 def check_rows_supervised(asked: Asked) -> None:
     """Every row teaches something: a row whose labels are all -100 adds a loss of 0 (or NaN alone)."""
     rows = asked.rows
@@ -167,6 +169,7 @@ def check_rows_supervised(asked: Asked) -> None:
     )
 
 
+@checks("targets", reads=BATCH)
 def check_shift(pipeline: Pipeline, asked: Asked) -> None:
     """Causal-LM labels are the inputs themselves, which the model shifts: shifted twice, it learns the next but one."""
     import numpy as np
@@ -192,6 +195,7 @@ def check_shift(pipeline: Pipeline, asked: Asked) -> None:
         )
 
 
+@checks("targets", reads=BATCH)
 def check_prompt_unlabelled(asked: Asked) -> None:
     """Under a completion-only (or assistant-only) loss, no prompt token carries a label."""
     rows = asked.rows
