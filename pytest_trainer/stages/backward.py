@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import accumulation, adapters, diagnosis, model_facts
+from pytest_trainer import accumulation, adapters, diagnosis, model_facts, schema
 from pytest_trainer.catalogue import RUN, checks
 from pytest_trainer.losses import detached_loss
 from pytest_trainer.stages.base import Stage, StageResult
@@ -78,7 +78,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         batch=batch,
         loss=value,
         gradients=gradients,
-        figures={"gradient_norm": norm, "trainable_parameters": float(sum(p.numel() for _, p in trainable))},
+        measured=schema.Backward(norm, sum(parameter.numel() for _, parameter in trainable)),
         notes=notes,
     )
 

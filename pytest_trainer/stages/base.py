@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_trainer.devices import DEVICES
+from pytest_trainer.schema import Measured
 
 if TYPE_CHECKING:
     from pytest_trainer.diagnosis import TrainerError
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from pytest_trainer.tasks import Task
 
 E = TypeVar("E", bound="TrainerError")
+M = TypeVar("M", bound=Measured)
 
 
 @dataclass
@@ -31,6 +33,18 @@ class StageResult:
     notes: list[str] = field(default_factory=list)
     #: What the reports draw, as JSON values by name ("rows", "loss_curve", "memory", "rewards"): see `report.pictures`.
     pictures: dict[str, Any] = field(default_factory=dict)
+    #: What later stages read of this one, typed (`schema`); its numbers are in `figures` too, for the reports.
+    measured: Measured | None = None
+
+    def __post_init__(self) -> None:
+        if self.measured is not None:
+            self.figures = {**self.measured.figures(), **self.figures}
+
+    def measured_as(self, kind: type[M]) -> M:
+        """What this stage measured, as the `schema` class `kind` its stage returns."""
+        if not isinstance(self.measured, kind):
+            raise TypeError(f"the {self.stage} stage measured {self.measured!r}, not {kind.__name__}")
+        return self.measured
 
 
 Check = Callable[["Pipeline", str], StageResult]

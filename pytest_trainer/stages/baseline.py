@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis
+from pytest_trainer import diagnosis, schema
 from pytest_trainer.stages.backward import STAGE as BACKWARD
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.stages.forward import STAGE as FORWARD
@@ -74,18 +74,19 @@ def measure(pipeline: Pipeline) -> dict[str, Any]:
     """The figures of the baseline, measured with the stages' own checks on the CPU."""
     model = pipeline.model_on("cpu")
     forward_result = FORWARD.run(pipeline, "cpu")
-    backward_result = BACKWARD.run(pipeline, "cpu")
-    overfit_result = OVERFIT.run(pipeline, "cpu")
+    forward = forward_result.measured_as(schema.Forward)
+    backward = BACKWARD.run(pipeline, "cpu").measured_as(schema.Backward)
+    overfit = OVERFIT.run(pipeline, "cpu").measured_as(schema.Overfit)
     logits = forward_result.outputs.get("logits") if isinstance(forward_result.outputs, dict) else None
     return {
         "parameters": sum(parameter.numel() for parameter in model.parameters()),
-        "trainable_parameters": int(backward_result.figures["trainable_parameters"]),
+        "trainable_parameters": backward.trainable_parameters,
         "output_shape": "x".join(map(str, logits.shape)) if logits is not None else "none",
-        "learning_rate": f"{overfit_result.figures['learning_rate']:g}",
-        "loss_at_init": forward_result.figures["loss_at_init"],
-        "gradient_norm_at_init": backward_result.figures["gradient_norm"],
-        "overfit_steps": int(overfit_result.figures["overfit_steps"]),
-        "loss_after_overfit": overfit_result.figures["loss_after"],
+        "learning_rate": f"{overfit.learning_rate:g}",
+        "loss_at_init": forward.loss_at_init,
+        "gradient_norm_at_init": backward.gradient_norm,
+        "overfit_steps": overfit.overfit_steps,
+        "loss_after_overfit": overfit.loss_after,
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from pytest_trainer import schema
 from pytest_trainer.losses import checked_loss
 from pytest_trainer.stages.base import Stage, StageResult
 
@@ -19,7 +20,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     loss, outputs = pipeline.eval_loss(model, batch)
     value = checked_loss(loss)
     pipeline.remember_starting_loss(device, value)
-    result = StageResult("forward", device, batch=batch, outputs=outputs, loss=value, figures={"loss_at_init": value})
+    result = StageResult("forward", device, batch=batch, outputs=outputs, loss=value, measured=schema.Forward(value))
     figures, notes = pipeline.family.after_forward(pipeline.trainer)  # what the trainer logged of the batch
     result.figures.update(figures)
     result.notes.extend(notes)

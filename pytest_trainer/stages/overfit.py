@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_trainer import diagnosis, model_facts
+from pytest_trainer import diagnosis, model_facts, schema
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 
 if TYPE_CHECKING:
@@ -75,17 +75,10 @@ def _steps(count: int) -> str:
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    result = StageResult("overfit", device, batch=pipeline.batches.on(device))
     first = _attempt(pipeline, device)
+    measured = schema.Overfit(first.before, first.after, len(first.curve), float(first.rate))
+    result = StageResult("overfit", device, batch=pipeline.batches.on(device), measured=measured)
     result.notes.append(f"steps used the peak learning rate {first.rate:g}, without the schedule")
-    result.figures.update(
-        {
-            "loss_before": first.before,
-            "loss_after": first.after,
-            "overfit_steps": float(len(first.curve)),
-            "learning_rate": float(first.rate),
-        }
-    )
     result.loss = first.after
     curve = result.pictures["loss_curve"] = {"what": first.what, "tries": [first.picture()]}
     if not first.finite:

@@ -90,6 +90,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.heap",
         "pytest_trainer.extensions",
         "pytest_trainer.catalogue",
+        "pytest_trainer.schema",
     ),  # facts
 )
 #: What each layer holds, for the layer table of CONTRIBUTING.md (docs/generate.py).
@@ -109,7 +110,7 @@ ROLES: tuple[str, ...] = (
     "what a task's labels and inputs are",
     "facts: the model, tables, devices, settings, commands as the user runs them, the error base, whose code a frame runs, the user's files, "
     "metric settings, renames, what an explanation row is, the objects kept out of the garbage collector's way, what "
-    "installed packages add, the declared checks",
+    "installed packages add, the declared checks, what stages hand later stages",
 )
 
 
