@@ -6,7 +6,7 @@ import os
 import zlib
 from collections.abc import Generator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
@@ -17,6 +17,7 @@ from pytest_trainer.families import registered
 from pytest_trainer.items import GivenScript, StageItem, TrainerCommand, TrainerScript, stated_failure
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES, Step, cpu_first, plan
 from pytest_trainer.report import summary
+from pytest_trainer.schema import ItemFacts
 from pytest_trainer.session import ALL, has_session, session_of, start_session
 from pytest_trainer.settings import MODELS, Settings
 
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from pytest_trainer.stages import TrainerStage
 
 MARKER = "trainer_pipeline"
-#: Why an item did not run, for the report: {"blocked": True} (a stage it needs failed) or {"unavailable": True}.
-_NOT_RUN = pytest.StashKey[dict[str, bool]]()
+#: Why an item did not run, for the report: "blocked" (a stage it needs failed) or "unavailable" (its device).
+_NOT_RUN = pytest.StashKey[Literal["blocked", "unavailable"]]()
 
 
 # ---- configuration and collection ---------------------------------------------------------------
@@ -179,7 +180,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and isinstance(report.longrepr, tuple):
         path, line, _ = item.reportinfo()  # a skip points at the script or the marked test, not the plugin's source
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
-    report.user_properties.append((summary.PROPERTY, summary.to_json(_facts(item, step, call))))
+    report.user_properties.append((summary.PROPERTY, _facts(item, step, call).to_json()))
     pictures = _pictures(item, call)
     if pictures:
         report.trainer_pictures = pictures  # a report attribute: it travels from xdist workers, not into junit
@@ -263,7 +264,7 @@ def pipeline_device(request: pytest.FixtureRequest, _trainer_step: Step) -> str:
     """The device of this pipeline item, "cpu" or "cuda"; the test is skipped where it cannot run."""
     reason = devices.unavailable_reason(_trainer_step.device)
     if reason:
-        request.node.stash[_NOT_RUN] = {"unavailable": True}
+        request.node.stash[_NOT_RUN] = "unavailable"
         pytest.skip(reason)
     return _trainer_step.device
 
@@ -291,7 +292,7 @@ def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_
     session = session_of(request.config)
     reason = session.blocker(_pipeline_key(request.node), pipeline_device, _trainer_step.stage)
     if reason:
-        request.node.stash[_NOT_RUN] = {"blocked": True}
+        request.node.stash[_NOT_RUN] = "blocked"
         pytest.skip(reason)
     session.import_libraries()
     return TrainerStage(
@@ -326,23 +327,21 @@ def trainer_strategies(trainer_stage: TrainerStage) -> Any:
     return strategies.TrainerStrategies(trainer_stage.pipeline)
 
 
-def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> dict[str, Any]:
-    """What the report needs of this item, in plain values that travel from xdist workers (as JSON)."""
-    facts: dict[str, Any] = {"script": _pipeline_key(item), "stage": step.stage, "device": step.device}
-    if step.stage in OPT_IN:
-        facts["opt_in"] = OPT_IN[step.stage]
-    not_run: dict[str, bool] = item.stash.get(_NOT_RUN, {})
-    facts.update(not_run)
+def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> ItemFacts:
+    """What the report needs of this item."""
+    facts = ItemFacts(_pipeline_key(item), step.stage, step.device, opt_in=OPT_IN.get(step.stage, ""))
+    not_run = item.stash.get(_NOT_RUN, "")
+    facts.blocked, facts.unavailable = not_run == "blocked", not_run == "unavailable"
     error = call.excinfo.value if call.excinfo is not None else None
     if isinstance(error, TrainerError):
-        facts.update(diagnosis=error.cause, fix=error.fix, unexplained=error.unexplained)
+        facts.diagnosis, facts.fix, facts.unexplained = error.cause, error.fix, error.unexplained
     stage = getattr(item, "funcargs", {}).get("trainer_stage")
     result = getattr(stage, "result", None)
     if result is not None:
-        facts.update(figures=dict(result.figures), notes=list(result.notes))
+        facts.figures, facts.notes = dict(result.figures), list(result.notes)
     pipeline = getattr(stage, "__dict__", {}).get("pipeline")  # only when it was loaded
     if pipeline is not None and pipeline.notes:
-        facts.setdefault("notes", []).extend(pipeline.notes)
+        facts.notes.extend(pipeline.notes)
     return facts
 
 

@@ -1,14 +1,20 @@
-"""What stages hand later stages and the reports, typed: the figures a stage measured.
+"""What stages hand later stages and the reports, typed: the figures a stage measured, what an item tells the report,
+and the outcomes the report names.
 
 A stage that measures what another reads (forward's loss at init, backward's gradient norm, overfit's loss curve)
 returns it as one of these classes in `StageResult.measured`; the reader takes the attribute, never a string key.
 `StageResult.figures` holds the same numbers by name (and any other figure a stage adds) for the JSON and HTML reports.
+An item's `ItemFacts` travel from the xdist worker that ran it to the report as strict JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -41,3 +47,68 @@ class Overfit(Measured):
     #: How many steps were taken, at which (peak) learning rate.
     overfit_steps: int
     learning_rate: float
+
+
+class Outcome(str, enum.Enum):
+    """How an item ended, as the reports name it."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def bad(self) -> bool:
+        """A failure of the test itself, or an error around it."""
+        return self in (Outcome.FAILED, Outcome.ERROR)
+
+
+@dataclass
+class ItemFacts:
+    """What the report needs of one item, in plain values that travel from xdist workers (as JSON)."""
+
+    script: str
+    stage: str
+    device: str
+    #: The setting that turns the stage on, where it runs only when asked, else "".
+    opt_in: str = ""
+    #: Skipped because a stage it needs failed.
+    blocked: bool = False
+    #: Skipped because its device is not on this machine.
+    unavailable: bool = False
+    #: The cause and fix of its failure, and whether only the library's own error could be shown.
+    diagnosis: str = ""
+    fix: str = ""
+    unexplained: bool = False
+    figures: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return to_json(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ItemFacts:
+        data = json.loads(text)
+        known = {item.name for item in dataclasses.fields(cls)}
+        facts = cls(**{key: value for key, value in data.items() if key in known})
+        facts.figures = {name: float(value) for name, value in facts.figures.items()}  # "nan" back to a float
+        return facts
+
+
+def to_json(value: Any, indent: int | None = None) -> str:
+    """Strict JSON, which any program parses: a non-finite figure (a NaN loss) is the string "nan", "inf" or "-inf"
+    (Python's json would write NaN, which JSON has not)."""
+
+    def finite(item: Any) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            return str(item)
+        if isinstance(item, dict):
+            return {key: finite(inner) for key, inner in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(inner) for inner in item]
+        return item
+
+    return json.dumps(finite(value), indent=indent, sort_keys=True, allow_nan=False)

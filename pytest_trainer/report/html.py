@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from pytest_trainer.report.summary import Grid, ItemRecord, PipelineReport, changed_notes, count, not_run
+from pytest_trainer.schema import Outcome
 
 #: Outcome -> (background, text colour) of its cell in the grid.
 _OUTCOME_COLOURS = {
-    "passed": ("#dcf2e1", "#166b2f"),
-    "failed": ("#fddcdc", "#a4161a"),
-    "error": ("#fddcdc", "#a4161a"),
-    "skipped": ("#fff1cc", "#7a5600"),
+    Outcome.PASSED.value: ("#dcf2e1", "#166b2f"),
+    Outcome.FAILED.value: ("#fddcdc", "#a4161a"),
+    Outcome.ERROR.value: ("#fddcdc", "#a4161a"),
+    Outcome.SKIPPED.value: ("#fff1cc", "#7a5600"),
     "not run": ("#ececec", "#666"),
 }
 #: Colours told apart at a glance: tries of the loss curve, parts of the memory forecast.
@@ -37,10 +38,7 @@ _MONO = "font-family:ui-monospace,'SFMono-Regular',Menlo,Consolas,monospace;font
 def write(path: Path, report: PipelineReport) -> None:
     """Write the report of every script to `path`, one section each."""
     records = report.records()
-    counts = {
-        outcome: sum(record.outcome == outcome and record.ran for record in records)
-        for outcome in ("passed", "failed", "error", "skipped")
-    }
+    counts = {outcome.value: sum(record.outcome == outcome and record.ran for record in records) for outcome in Outcome}
     counts["not run"] = sum(not record.ran for record in records)
     said = ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
     sections = "\n".join(_script_section(script, items) for script, items in report.by_script().items())
@@ -83,7 +81,7 @@ def picture_fragments(pictures: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _script_section(script: str, records: list[ItemRecord]) -> str:
-    failed = [record for record in records if record.outcome in ("failed", "error")]
+    failed = [record for record in records if record.outcome.bad]
     verdict = (
         f"<span class='verdict bad'>{len(failed)} failed</span>"
         if failed
@@ -144,7 +142,7 @@ def _failure(record: ItemRecord) -> str:
         else ""
     )
     return (
-        f"<div class='failure'><h3>{escape(record.name)} <span>{record.outcome.upper()}</span></h3>"
+        f"<div class='failure'><h3>{escape(record.name)} <span>{record.outcome.value.upper()}</span></h3>"
         f"<div class='cause'>{escape(record.diagnosis)}</div>{fix}{unexplained}</div>"
     )
 

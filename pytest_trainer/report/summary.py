@@ -6,14 +6,13 @@ so a run under pytest-xdist, whose reports arrive from the workers, gives the sa
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_trainer.sampling import SECONDS_FIGURE
+from pytest_trainer.schema import ItemFacts, Outcome, to_json
 
 #: Name under which an item's pipeline facts travel in `report.user_properties`.
 PROPERTY = "pytest_trainer"
@@ -26,7 +25,7 @@ class ItemRecord:
     script: str
     stage: str
     device: str
-    outcome: str = "passed"
+    outcome: Outcome = Outcome.PASSED
     duration: float = 0.0
     reason: str = ""
     diagnosis: str = ""
@@ -64,6 +63,11 @@ class Cell:
     kind: str
     record: ItemRecord | None = None
 
+    @property
+    def bad(self) -> bool:
+        """A failure or an error, which renderings make stand out."""
+        return self.record is not None and self.record.outcome.bad
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -86,26 +90,10 @@ class Grid:
         return cls(devices, rows, reasons)
 
 
-def to_json(value: Any, indent: int | None = None) -> str:
-    """Strict JSON, which any program parses: a non-finite figure (a NaN loss) is the string "nan", "inf" or "-inf"
-    (Python's json would write NaN, which JSON has not)."""
-
-    def finite(item: Any) -> Any:
-        if isinstance(item, float) and not math.isfinite(item):
-            return str(item)
-        if isinstance(item, dict):
-            return {key: finite(inner) for key, inner in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [finite(inner) for inner in item]
-        return item
-
-    return json.dumps(finite(value), indent=indent, sort_keys=True, allow_nan=False)
-
-
-def facts_of(report: Any) -> dict[str, Any]:
-    """The pipeline facts an item's report carries (a JSON string among its user_properties), or {}."""
+def facts_of(report: Any) -> ItemFacts | None:
+    """The pipeline facts an item's report carries (JSON among its user_properties), or None."""
     value = dict(report.user_properties).get(PROPERTY)
-    return json.loads(value) if isinstance(value, str) else {}
+    return ItemFacts.from_json(value) if isinstance(value, str) else None
 
 
 class PipelineReport:
@@ -116,25 +104,24 @@ class PipelineReport:
 
     def add(self, report: Any) -> None:
         facts = facts_of(report)
-        if not facts:
+        if facts is None:
             return
-        record = self._records.setdefault(report.nodeid, ItemRecord(facts["script"], facts["stage"], facts["device"]))
+        record = self._records.setdefault(report.nodeid, ItemRecord(facts.script, facts.stage, facts.device))
         record.duration += report.duration
-        record.opt_in = facts.get("opt_in", record.opt_in)
-        record.blocked = record.blocked or bool(facts.get("blocked"))
-        record.unavailable = record.unavailable or bool(facts.get("unavailable"))
+        record.opt_in = facts.opt_in or record.opt_in
+        record.blocked = record.blocked or facts.blocked
+        record.unavailable = record.unavailable or facts.unavailable
         record.pictures.update(getattr(report, "trainer_pictures", None) or {})
-        record.figures.update(facts.get("figures", {}))
-        record.notes.extend(note for note in facts.get("notes", []) if note not in record.notes)
-        if facts.get("diagnosis"):
-            record.diagnosis, record.fix = facts["diagnosis"], facts.get("fix", "")
-            record.unexplained = bool(facts.get("unexplained", False))
+        record.figures.update(facts.figures)
+        record.notes.extend(note for note in facts.notes if note not in record.notes)
+        if facts.diagnosis:
+            record.diagnosis, record.fix, record.unexplained = facts.diagnosis, facts.fix, facts.unexplained
         if report.failed:
-            record.outcome = "failed" if report.when == "call" else "error"
+            record.outcome = Outcome.FAILED if report.when == "call" else Outcome.ERROR
             if not record.diagnosis:
                 record.diagnosis = _first_line(report.longreprtext)
-        elif report.skipped and record.outcome == "passed":
-            record.outcome = "skipped"
+        elif report.skipped and record.outcome == Outcome.PASSED:
+            record.outcome = Outcome.SKIPPED
             record.reason = _skip_reason(report.longrepr)
 
     def records(self) -> list[ItemRecord]:
@@ -142,9 +129,7 @@ class PipelineReport:
 
     def unexplained(self) -> list[ItemRecord]:
         """Failures shown with the library's own error only, which the table of explanations should learn."""
-        return [
-            record for record in self._records.values() if record.unexplained and record.outcome in ("failed", "error")
-        ]
+        return [record for record in self._records.values() if record.unexplained and record.outcome.bad]
 
     def by_script(self) -> dict[str, list[ItemRecord]]:
         scripts: dict[str, list[ItemRecord]] = {}
@@ -159,7 +144,7 @@ class PipelineReport:
         did not run folded into one line per device and cause. Each failure's cause and fix are in its own report,
         shown by pytest; they are not repeated here."""
         for script, records in self.by_script().items():
-            failed = [record for record in records if record.outcome in ("failed", "error")]
+            failed = [record for record in records if record.outcome.bad]
             changed = changed_notes(records)
             if failed:
                 grid = Grid.of(records)
@@ -195,13 +180,15 @@ class PipelineReport:
                 parts.append("| stage | " + " | ".join(grid.devices) + " |")
                 parts.append("|---|" + "---|" * len(grid.devices))
                 for stage, cells in grid.rows:
-                    row = [f"**{cell.text}**" if cell.kind in ("failed", "error") else cell.text for cell in cells]
+                    row = [
+                        f"**{cell.text}**" if cell.record and cell.record.outcome.bad else cell.text for cell in cells
+                    ]
                     parts.append(f"| {stage} | " + " | ".join(row) + " |")
                 parts.append("")
             parts += [f"[{number}] {reason}  " for reason, number in grid.reasons.items()]
             parts += [f"{lead}{rest}  " for lead, rest in not_run(records)]
             for record in records:
-                if record.outcome in ("failed", "error"):
+                if record.outcome.bad:
                     fix = f"  \nfix: {record.fix}" if record.fix else ""
                     parts.append(f"\n**{record.name}**: {record.diagnosis}{fix}")
             data = to_json([_plain(record) for record in records], indent=1)
@@ -215,10 +202,10 @@ class PipelineReport:
 Line = list[tuple[str, dict[str, bool]]]
 
 _MARKUP = {
-    "passed": {"green": True},
-    "failed": {"red": True, "bold": True},
-    "error": {"red": True, "bold": True},
-    "skipped": {"yellow": True},
+    Outcome.PASSED.value: {"green": True},
+    Outcome.FAILED.value: {"red": True, "bold": True},
+    Outcome.ERROR.value: {"red": True, "bold": True},
+    Outcome.SKIPPED.value: {"yellow": True},
     "not run": {"yellow": True},
 }
 
@@ -244,9 +231,10 @@ def _cell(record: ItemRecord | None, reasons: dict[str, int]) -> Cell:
         return Cell("", "")
     if not record.ran:
         return Cell("not run", "not run", record)
-    if record.outcome == "skipped":
-        return Cell(f"skipped [{reasons.setdefault(record.reason, len(reasons) + 1)}]", "skipped", record)
-    return Cell(record.outcome.upper() if record.outcome != "passed" else "passed", record.outcome, record)
+    if record.outcome == Outcome.SKIPPED:
+        return Cell(f"skipped [{reasons.setdefault(record.reason, len(reasons) + 1)}]", Outcome.SKIPPED.value, record)
+    shown = record.outcome.value.upper() if record.outcome != Outcome.PASSED else record.outcome.value
+    return Cell(shown, record.outcome.value, record)
 
 
 def not_run(records: list[ItemRecord]) -> list[tuple[str, str]]:
@@ -278,7 +266,7 @@ def _cost_lines(records: list[ItemRecord]) -> list[Line]:
     lines: list[Line] = []
     for record in records:
         setting = record.opt_in
-        if setting and record.ran and record.outcome != "skipped":
+        if setting and record.ran and record.outcome != Outcome.SKIPPED:
             lines.append(
                 [
                     (f"  {record.name} took {record.duration:.1f} s", {"bold": True}),
@@ -300,7 +288,7 @@ def _skipped_lines(ran: list[ItemRecord]) -> list[Line]:
     """The items skipped for their own reason (the stage does not apply), one line per reason."""
     by_reason: dict[str, list[str]] = {}
     for record in ran:
-        if record.outcome == "skipped":
+        if record.outcome == Outcome.SKIPPED:
             by_reason.setdefault(record.reason, []).append(record.name)
     return [
         [("  skipped ", {"yellow": True}), (f"{', '.join(names)}: {reason}", {})] for reason, names in by_reason.items()
@@ -320,7 +308,7 @@ def _unexplained_line(names: list[str]) -> str:
 
 
 def _all_passed_line(ran: list[ItemRecord]) -> Line:
-    passed = sum(record.outcome == "passed" for record in ran)
+    passed = sum(record.outcome == Outcome.PASSED for record in ran)
     if not passed:
         return [("no item ran", {"yellow": True})]
     return [

@@ -16,6 +16,7 @@ import pytest
 
 from pytest_trainer.report import html
 from pytest_trainer.report.summary import ItemRecord, PipelineReport
+from pytest_trainer.schema import Outcome
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "conftest_examples"
 CPU = ("--trainer-devices=cpu", "-p", "no:cacheprovider")
@@ -205,7 +206,7 @@ def test_user_text_is_escaped_everywhere(tmp_path: Path) -> None:
         f"{evil}.py",
         "collate",
         "cpu",
-        outcome="failed",
+        outcome=Outcome.FAILED,
         diagnosis=f"cause {evil} & more",
         fix=f"fix {evil}",
         notes=[f"precision: {evil}"],

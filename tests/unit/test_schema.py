@@ -27,3 +27,29 @@ def test_a_stage_read_as_another_kind_is_refused_naming_it() -> None:
         result.measured_as(schema.Backward)
     with pytest.raises(TypeError, match="measured None"):
         StageResult("collate", "cpu").measured_as(schema.Forward)
+
+
+def test_item_facts_travel_as_strict_json_and_come_back_whole() -> None:
+    facts = schema.ItemFacts("train.py", "overfit", "cpu", diagnosis="the loss grew", fix="lower the rate")
+    facts.figures = {"loss_after": float("nan"), "loss_before": 2.5}
+    text = facts.to_json()
+    assert "NaN" not in text and '"nan"' in text  # strict JSON: any program parses it
+    back = schema.ItemFacts.from_json(text)
+    assert back.figures["loss_before"] == 2.5 and back.figures["loss_after"] != back.figures["loss_after"]
+    assert (back.script, back.stage, back.device, back.diagnosis, back.fix) == (
+        "train.py",
+        "overfit",
+        "cpu",
+        "the loss grew",
+        "lower the rate",
+    )
+
+
+def test_facts_of_a_newer_writer_keep_what_this_reader_knows() -> None:
+    back = schema.ItemFacts.from_json('{"script": "a.py", "stage": "load", "device": "cpu", "added_later": 1}')
+    assert (back.script, back.blocked, back.notes) == ("a.py", False, [])
+
+
+def test_only_failures_and_errors_are_bad_outcomes() -> None:
+    assert [outcome.value for outcome in schema.Outcome if outcome.bad] == ["failed", "error"]
+    assert f"{schema.Outcome.SKIPPED}" == "skipped"
