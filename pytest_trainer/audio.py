@@ -6,8 +6,9 @@ column, a {"array", "sampling_rate"} value, or an array beside a `sampling_rate`
 extractor's, the features the Trainer's own collator makes of that row are compared with the extractor's features of
 the stored samples taken as they are, and of the samples resampled to the extractor's rate. Features that follow the
 samples as they are, and not the resampled ones, were computed without resampling: the model hears every clip faster
-or slower, and higher or lower, than at inference. A row whose audio the script already turned into features and
-dropped shows nothing to compare with, and is not read.
+or slower, and higher or lower, than at inference. Where the script turned its audio into features with map() and
+dropped the audio, the dataset it mapped, still in scope where it called train() and of as many rows, is read in its
+place: its row i is the split's row i where the features follow it, and nothing is said where they do not.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ CLEARER = 0.1
 OTHER_RATE = 0.02
 #: The fewest time steps (samples, or spectrogram frames) compared.
 SHORTEST = 16
+#: Datasets in the script's scope tried as the one its features were made from.
+SOURCES = 8
 
 
 def extractor_of(pipeline: Pipeline) -> Any:
@@ -144,6 +147,27 @@ def _stored(pipeline: Pipeline, position: int) -> dict[str, Any] | None:
     return row
 
 
+def _audio_row(pipeline: Pipeline, position: int, sample: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Training row `position` with its audio as stored, and the dataset it was read from: the sample itself (a
+    collator that makes the features), the split as stored (a transform that makes them), or a dataset of as many rows
+    that the script still held when it called train() (the one its map() made the features from)."""
+    if raw_audio(sample) is not None:
+        return sample, pipeline.training.given
+    split = pipeline.training
+    stored = _stored(pipeline, position) or {}
+    if raw_audio(stored) is not None:
+        return stored, split.given
+    count = len(split.given) if hasattr(split.given, "__len__") else -1
+    for source in pipeline.sources[:SOURCES]:
+        if source is split.given or len(source) != count:
+            continue
+        with diagnosis.pipeline_part("reading the dataset the script made its audio features from"):
+            row = dict(source[split.row(position)])
+        if raw_audio(row) is not None:
+            return row, source
+    return {}, None
+
+
 def _is_audio_column(dataset: Any, column: str) -> bool:
     import datasets
 
@@ -166,7 +190,7 @@ def check_sampling_rate(pipeline: Pipeline) -> None:
     decoded = False  # an Audio column, which decodes at the rate it is cast to
     for position in sorted({int(index) for index in np.linspace(0, count - 1, min(ROWS, count))} if count else []):
         sample = split.samples([position])[0]
-        row = sample if raw_audio(sample) is not None else _stored(pipeline, position) or {}
+        row, source = _audio_row(pipeline, position, sample)
         found = raw_audio(row)
         if found is None:
             continue
@@ -180,7 +204,7 @@ def check_sampling_rate(pipeline: Pipeline) -> None:
             continue
         if fed_as_is(fed.detach().float().cpu().numpy()[0].astype(np.float64), as_is, in_rate):
             heard.append((split.row(position), column, rate))
-            decoded = _is_audio_column(split.given, column)
+            decoded = _is_audio_column(source, column)
     if not heard:
         return
     rows = ", ".join(str(row) for row, _, _ in heard)

@@ -47,6 +47,8 @@ class Pipeline:
         self.notes: list[str] = []
         #: The splits --trainer-sample cut as the script loaded them (the run's length is estimated from them).
         self.cuts: tuple[Cut, ...] = ()
+        #: The datasets in scope where the script called train(): its data as stored before map() (`script_runner`).
+        self.sources: tuple[Any, ...] = ()
         #: How this kind of trainer makes its batches and takes its loss.
         self.family = families.family_of(trainer)
         #: The batches the model is fed, made as the Trainer makes them.

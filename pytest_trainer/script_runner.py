@@ -82,6 +82,8 @@ class _Capture:
         self.launches: list[Launch] = []
         #: The training commands the command started as new processes, read and run in this process instead.
         self.started_here: list[str] = []
+        #: The datasets map() made others from, and those in scope where train() was called.
+        self.sources: list[Any] = []
 
     @property
     def trainer(self) -> Trainer | None:
@@ -144,6 +146,10 @@ class LoadedScript:
     launches: tuple[Launch, ...] = ()
     #: The training commands the command started as new processes, run in this process instead.
     started_here: tuple[str, ...] = ()
+    #: The datasets a map() of the script turned into others of as many rows without some columns, and those the scope
+    #: that called train() holds: the data as stored before map() turned it into features, which a check may read
+    #: back against the split's rows.
+    sources: tuple[Any, ...] = ()
 
 
 def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -165,6 +171,7 @@ def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> Loa
         _process_state_restored(command, sandbox.seed),
         _sandboxed_transformers(sandbox, capture),
         _sampled_datasets(sandbox.sample, capture),
+        _mapped_datasets(capture),
         _library_records(capture.said),
         twins.installed(),
         _launches_read(command, capture, sandbox.seed),
@@ -225,7 +232,21 @@ def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> Loa
         tuple(twins.made),
         tuple(dict.fromkeys(capture.launches)),
         tuple(capture.started_here),
+        tuple({id(source): source for source in capture.sources}.values()),
     )
+
+
+def datasets_in_scope(frame: types.FrameType) -> list[Any]:
+    """The `datasets.Dataset`s a frame's variables and its module's hold (each split of a DatasetDict), each once."""
+    import datasets
+
+    found: dict[int, Any] = {}
+    for scope in (frame.f_locals, frame.f_globals):
+        for value in list(scope.values()):
+            for dataset in value.values() if isinstance(value, datasets.DatasetDict) else [value]:
+                if isinstance(dataset, datasets.Dataset):
+                    found.setdefault(id(dataset), dataset)
+    return list(found.values())
 
 
 #: The libraries whose logged warnings are kept: their root loggers (transformers' does not propagate to the root).
@@ -495,6 +516,7 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         @functools.wraps(method)
         def stop(self: Any, *args: Any, **kwargs: Any) -> None:
             capture.started = self
+            capture.sources += datasets_in_scope(sys._getframe(1))
             raise _StopScript
 
         return stop
@@ -598,6 +620,26 @@ def sandbox_arguments(args: Any, sandbox: Sandbox) -> None:
     if hasattr(args, "dataloader_prefetch_factor"):
         args.dataloader_prefetch_factor = None
     args.dataloader_pin_memory = False
+
+
+@contextmanager
+def _mapped_datasets(capture: _Capture) -> Iterator[None]:
+    """Keep each dataset a map() turned into one of as many rows without some of its columns (audio turned into
+    features, answers into positions): the data as stored, row for row, once the script has dropped it."""
+    import datasets
+
+    original = datasets.Dataset.map
+
+    @functools.wraps(original)
+    def map(self: Any, *args: Any, **kwargs: Any) -> Any:
+        made = original(self, *args, **kwargs)
+        dropped = set(self.column_names) - set(getattr(made, "column_names", None) or ())
+        if isinstance(made, datasets.Dataset) and len(made) == len(self) and dropped:
+            capture.sources.append(self)
+        return made
+
+    with mock.patch.object(datasets.Dataset, "map", map):
+        yield
 
 
 @contextmanager

@@ -122,6 +122,7 @@ class TrainerSession:
         pipeline.twins = loaded.twins
         pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
         pipeline.cuts = loaded.cuts
+        pipeline.sources = loaded.sources
         pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
         pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)
         pipeline.notes.extend(f"the libraries said while the Trainer was built: {line}" for line in loaded.said)

@@ -76,8 +76,8 @@ def test_waveforms_at_the_extractors_rate_pass(project: pytest.Pytester, rate: i
     assert failures(run_script(project, STAGES)) == []
 
 
-# Whisper audio classification on log-mel spectrograms, made once by map(); the audio column is kept beside them (the
-# Trainer drops it), its rate in a column of its own.
+# Whisper audio classification on log-mel spectrograms, made once by map(), its rate in a column of its own: the audio
+# kept beside them (the Trainer drops it), or dropped by the map and the name rebound, as the Whisper blog post does.
 SPECTROGRAMS = """
     import numpy as np
     from datasets import Dataset
@@ -96,7 +96,7 @@ SPECTROGRAMS = """
         speech = {speech}
         return {{"input_features": extractor(speech, sampling_rate=16000).input_features[0]}}
 
-    data = data.map(prepare)
+    data = data.map(prepare{drop})
     config = WhisperConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=16,
                            max_source_positions=50, max_target_positions=16, num_labels=2)
@@ -107,8 +107,12 @@ SPECTROGRAMS = """
 """
 
 
-def test_spectrograms_of_8_khz_audio_read_as_16_khz_fail_collate(project: pytest.Pytester) -> None:
-    write(project, "train.py", SPECTROGRAMS.format(speech='row["speech"]'))
+DROP = ', remove_columns=["speech", "sampling_rate"]'
+
+
+@pytest.mark.parametrize("drop", ["", DROP], ids=["audio-kept", "audio-dropped-by-map"])
+def test_spectrograms_of_8_khz_audio_read_as_16_khz_fail_collate(project: pytest.Pytester, drop: str) -> None:
+    write(project, "train.py", SPECTROGRAMS.format(speech='row["speech"]', drop=drop))
     result = run_script(project, STAGES)
     assert failures(result) == ["collate[cpu]"]
     result.stdout.fnmatch_lines(
@@ -119,8 +123,9 @@ def test_spectrograms_of_8_khz_audio_read_as_16_khz_fail_collate(project: pytest
     )
 
 
-def test_spectrograms_of_resampled_audio_pass(project: pytest.Pytester) -> None:
-    write(project, "train.py", SPECTROGRAMS.format(speech='resample_poly(np.asarray(row["speech"]), 2, 1)'))
+@pytest.mark.parametrize("drop", ["", DROP], ids=["audio-kept", "audio-dropped-by-map"])
+def test_spectrograms_of_resampled_audio_pass(project: pytest.Pytester, drop: str) -> None:
+    write(project, "train.py", SPECTROGRAMS.format(speech='resample_poly(np.asarray(row["speech"]), 2, 1)', drop=drop))
     assert failures(run_script(project, STAGES)) == []
 
 
