@@ -303,7 +303,8 @@ WORD_ROWS = 64
 OFF_WORDS = 0.5
 MIN_OFF_WORDS = 5
 #: Rows read back whose words' labels were written into token positions in turn (as many labels as words, some on a
-#: word's later tokens, the last words without one), from which the labels are said to be placed so.
+#: word's later tokens, the last words without one), from which the labels are said to be placed so: a share of the
+#: rows with a word of several tokens (only they can show it: in the others, token i is word i), and a count.
 BY_POSITION = 0.5
 MIN_BY_POSITION = 3
 
@@ -320,7 +321,7 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
     rows = min(table.num_rows, WORD_ROWS)
     ids_column = table.column(model_input).slice(0, rows).to_pylist()
     labels_column = table.column(column).slice(0, rows).to_pylist()
-    several = off = read = by_position = 0
+    several = off = read = split_words = by_position = 0
     example: tuple[int, list[str], list[int]] | None = None
     by_position_example: tuple[int, list[str], list[int]] | None = None
     for row, (ids, labels) in enumerate(zip(ids_column, labels_column, strict=True)):
@@ -338,6 +339,7 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
             if word is not None:
                 words.setdefault(word, []).append(position)
         read += 1
+        split_words += any(len(positions) > 1 for positions in words.values())
         labeled = {index for index in real if labels[index] != IGNORE_INDEX}
         unlabeled = [word for word, positions in words.items() if not labeled & set(positions)]
         inside = any(index in labeled for positions in words.values() for index in positions[1:])
@@ -355,13 +357,13 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
                 if example is None:
                     tokens = tokenizer.convert_ids_to_tokens([ids[index] for index in positions])
                     example = (row, tokens, [labels[index] for index in positions])
-    if by_position_example is not None and by_position >= max(MIN_BY_POSITION, BY_POSITION * read):
+    if by_position_example is not None and by_position >= max(MIN_BY_POSITION, BY_POSITION * split_words):
         row, tokens, given = by_position_example
         shown = ", ".join(f"{token!r}: {label}" for token, label in zip(tokens, given, strict=True))
         raise diagnosis.Finding(
-            f"in {by_position} of the {read} rows read back (of the first {rows} of the {split.description} dataset), "
-            "each word's label sits on the row's tokens in turn, not on its words' tokens: as many labels as words, "
-            "some on later tokens of a word while the last words get none (row "
+            f"in {by_position} of the {split_words} rows read back with a word of several tokens (of the first {rows} "
+            f"of the {split.description} dataset), each word's label sits on the row's tokens in turn, not on its "
+            "words' tokens: as many labels as words, some on later tokens of a word while the last words get none (row "
             f"{split.row(row)}: {shown})",
             "give each token its word's label through the encoding's word_ids() (labels[word_id] at a word's first "
             "token, -100 elsewhere), not the word labels written into token positions",

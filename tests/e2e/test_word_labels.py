@@ -16,7 +16,7 @@ SCRIPT = """
     STEMS = ["walk", "talk", "jump", "play", "read", "sing", "paint", "build", "cook", "swim"]
     ENDS = ["", "ing", "er", "ed", "s"]
     rng = random.Random(0)
-    sentences = [[rng.choice(STEMS) + rng.choice(ENDS) for _ in range(rng.randint(4, 9))] for _ in range(64)]
+    sentences = [[{word} for _ in range(rng.randint(4, 9))] for index in range(64)]
     tags = [[len(word) % 3 for word in sentence] for sentence in sentences]
 
     core = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -61,18 +61,28 @@ SCRIPT = """
 """
 
 
+#: Every row's words split into sub-words, or only every fourth row's (the others' words are single letters, one token
+#: each): only rows with a split word can show tags written in turn, since elsewhere token i is word i.
+WORD = "rng.choice(STEMS) + rng.choice(ENDS)"
+SPLIT_WORDS = {
+    "every-row": WORD,
+    "a-quarter-of-the-rows": f'({WORD} if index % 4 == 0 else rng.choice("abcdegklmnoprs"))',
+}
+
+
 @pytest.mark.parametrize(
     "condition",
     ["word != previous", "True"],
     ids=["first-sub-word", "every-sub-word"],
 )
-def test_labels_given_through_word_ids_pass(project: pytest.Pytester, condition: str) -> None:
-    write(project, "train.py", SCRIPT.format(condition=condition, by_position=""))
+@pytest.mark.parametrize("word", SPLIT_WORDS.values(), ids=SPLIT_WORDS.keys())
+def test_labels_given_through_word_ids_pass(project: pytest.Pytester, condition: str, word: str) -> None:
+    write(project, "train.py", SCRIPT.format(condition=condition, by_position="", word=word))
     assert failures(run_script(project, "--trainer-stages=dataset")) == []
 
 
 def test_labels_on_the_later_sub_words_of_each_word_fail_dataset(project: pytest.Pytester) -> None:
-    write(project, "train.py", SCRIPT.format(condition="word == previous", by_position=""))  # the test inverted
+    write(project, "train.py", SCRIPT.format(condition="word == previous", by_position="", word=WORD))  # inverted
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(
@@ -91,14 +101,15 @@ BY_POSITION = (
 )
 
 
-def test_word_tags_written_into_token_positions_fail_dataset(project: pytest.Pytester) -> None:
-    write(project, "train.py", SCRIPT.format(condition="word != previous", by_position=BY_POSITION))
+@pytest.mark.parametrize("word", SPLIT_WORDS.values(), ids=SPLIT_WORDS.keys())
+def test_word_tags_written_into_token_positions_fail_dataset(project: pytest.Pytester, word: str) -> None:
+    write(project, "train.py", SCRIPT.format(condition="word != previous", by_position=BY_POSITION, word=word))
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(
         [
-            "dataset[[]cpu[]] failed: in * of the * rows read back (of the first 64 of the training dataset), each "
-            "word's label sits on the row's tokens in turn, not on its words' tokens*",
+            "dataset[[]cpu[]] failed: in * of the * rows read back with a word of several tokens (of the first 64 of "
+            "the training dataset), each word's label sits on the row's tokens in turn, not on its words' tokens*",
             "*fix: give each token its word's label through the encoding's word_ids()*",
         ]
     )
