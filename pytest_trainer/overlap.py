@@ -14,7 +14,8 @@ docs/stages.md ("Evaluation rows that are training rows"):
   watch the fit is a choice, picking a checkpoint by it is a defect.
 - Otherwise the repeated rows of at least `SHORT` tokens (padding left out) count. From `MADE` of the evaluation rows,
   no natural repeat explains them: the split was made from training rows (its data held copies when it was split), a
-  finding. From `SWAY`, where a setting acts on the metrics, a finding too. Below, a note with the numbers.
+  finding, unless a split so small could hold as many by chance (`BY_CHANCE`). From `SWAY`, where a setting acts on
+  the metrics, a finding too. Below, a note with the numbers.
 
 Both splits are compared whole, at the cost of hashing them: one 64-bit hash per row of the token ids and of the
 targets, computed on the flat Arrow values at once, then a sorted membership test; the rows found are compared value for
@@ -24,6 +25,7 @@ value in every column.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,6 +50,9 @@ MADE = 0.2
 SWAY = 0.1
 #: Fewer repeated rows than this are a note, whatever their share of a small split.
 FEW = 3
+#: How unlikely the repeated rows must be under the highest natural rate (SWAY) for a small split's share to say it
+#: was made from training rows: 3 of 13 rows (23%) come that often by chance one time in seven, 8 of 9 never.
+BY_CHANCE = 0.01
 #: The share of an evaluation split's rows with a training row's input under other targets from which the terminal
 #: summary shows them.
 CONFLICTING = 0.1
@@ -326,6 +331,27 @@ def judge(found: Overlap, split: Evaluated, given_is_training: bool = False) -> 
     return [fit, *([conflicting] if conflicting else [])]
 
 
+def chance(repeated: int, rows: int, rate: float = SWAY) -> float:
+    """How often a split of `rows` rows holds `repeated` or more training rows by chance, when each row repeats one at
+    the natural `rate`: the binomial tail, summed in logarithms (a split may hold millions of rows)."""
+    if repeated <= 0:
+        return 1.0
+    total, log_rate, log_rest = 0.0, math.log(rate), math.log1p(-rate)
+    for count in range(repeated, rows + 1):
+        log_term = (
+            math.lgamma(rows + 1)
+            - math.lgamma(count + 1)
+            - math.lgamma(rows - count + 1)
+            + count * log_rate
+            + (rows - count) * log_rest
+        )
+        term = math.exp(log_term)
+        total += term
+        if count > rows * rate and term < total * 1e-12:
+            break
+    return min(total, 1.0)
+
+
 def _repeated(found: Overlap, split: Evaluated, also: list[str]) -> list[str]:
     """Some evaluation rows repeated from training: natural repeats, inputs labelled several times, or a split made
     from training rows."""
@@ -350,7 +376,7 @@ def _repeated(found: Overlap, split: Evaluated, also: list[str]) -> list[str]:
             "input on the same side)"
         ]
     examples = [f"e.g. {split.shown(row, source)}" for row, source in found.leaked[:SHOWN]]
-    if many and share >= MADE:
+    if many and share >= MADE and chance(found.long, found.rows) < BY_CHANCE:
         acting = f", and {_settings(split.acting)} on them" if split.acting else ""
         raise diagnosis.Finding(
             f"the {split.description} dataset was made from training rows: {repeated}, far more than natural repeats "

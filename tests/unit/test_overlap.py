@@ -201,6 +201,34 @@ def test_repeats_that_sway_a_metric_fail_only_where_a_setting_acts_on_it() -> No
     assert raised.value.cause.startswith("EarlyStoppingCallback acts on metrics of training rows: 15 of the 100 rows")
 
 
+@pytest.mark.parametrize(("leaked", "rows"), [(3, 13), (3, 12), (4, 12)])
+def test_a_small_split_that_natural_repeats_could_fill_by_chance_is_no_split_made_from_training(
+    leaked: int, rows: int
+) -> None:
+    """A corpus that repeats 10% of its rows puts 3 of 13 evaluation rows (23%) in training one time in seven."""
+    notes = overlap.judge(found(leaked, rows), evaluated())
+    assert notes[0].startswith(f"evaluation: {leaked} of the {rows} rows of the evaluation dataset")
+    assert notes[0].endswith("no setting picks a checkpoint by its metrics, which they inflate")
+    with pytest.raises(diagnosis.Finding, match=r"^load_best_model_at_end acts on metrics of training rows"):
+        overlap.judge(found(leaked, rows), evaluated(("load_best_model_at_end",)))  # the metric is still swayed
+
+
+def test_a_small_split_of_training_rows_fails_where_chance_cannot_give_as_many() -> None:
+    with pytest.raises(
+        diagnosis.Finding, match=r"^the evaluation dataset was made from training rows: 8 of the 9 rows"
+    ):
+        overlap.judge(found(8, 9), evaluated())
+
+
+def test_the_chance_of_natural_repeats_is_the_binomial_tail() -> None:
+    assert overlap.chance(0, 10) == 1.0
+    assert overlap.chance(1, 1, rate=0.1) == pytest.approx(0.1)
+    assert overlap.chance(2, 2, rate=0.1) == pytest.approx(0.01)
+    assert overlap.chance(1, 2, rate=0.1) == pytest.approx(1 - 0.9**2)
+    assert overlap.chance(3, 13) == pytest.approx(0.1339, abs=1e-4)
+    assert overlap.chance(2000, 10_000) < 1e-100  # a million-row split is summed without overflow
+
+
 def test_a_few_rows_of_a_small_split_are_a_note_whatever_their_share() -> None:
     notes = overlap.judge(found(2, 5), evaluated(("load_best_model_at_end",)))
     assert notes[0].endswith(": natural repeats, too few to sway its metrics")
