@@ -69,8 +69,17 @@ def check_answer_positions(pipeline: Pipeline, split: FedSplit) -> None:
         named = split.row(row)
         raise diagnosis.Finding(
             f"row {named} of the {split.description} dataset has an answer that ends ({int(ends[row])}) before it "
-            f"starts ({int(starts[row])}) ({reversed_span.size} rows in all)",
-            "check how start_positions and end_positions are computed from the character offsets",
+            f"starts ({int(starts[row])}) ({reversed_span.size} rows in all): a span of tokens start..end "
+            "inclusive that selects nothing, so those rows train no answer",
+            "find the end as the last token whose offset_mapping ends at or after the answer's last character "
+            "(answer_start + len(text)), scanning back from the context's end, and the start as the first token whose "
+            "offset starts at or before answer_start; a one-token answer has start == end, and a start one past "
+            "the end, as here, comes of a search loop that steps once too far: keep the `- 1` of "
+            "start_positions.append(idx - 1) and the `+ 1` of end_positions.append(idx + 1) after their loops"
+            if int(starts[row]) - int(ends[row]) == 1
+            else "find the end as the last token whose offset_mapping ends at or after the answer's last character "
+            "(answer_start + len(text)), and the start as the first token whose offset starts at or before "
+            "answer_start, both among the context's tokens",
         )
     check_answer_places(pipeline, split, starts, ends)
 
@@ -147,26 +156,61 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
                 "find the answer among the context's tokens (where the encoding's sequence_ids(i) is the context's), "
                 "with offset_mapping",
             )
+    if tokenizer is None or ids is None:
+        return
     stored = getattr(split.given, "column_names", None) or []
     column = next((name for name in ANSWER_COLUMNS if name in table.column_names or name in stored), None)
-    if column is None or tokenizer is None or ids is None:
-        return
-    if column in table.column_names:
+    if column is not None and column in table.column_names:
         texts = {row: _answer_text(value) for row, value in values(column).items()}
-    elif split.transformed:
-        return  # a transform makes the rows: the stored answers may not be theirs
-    else:  # dropped by the Trainer as no input of the model: read where it is stored
+    elif column is not None and not split.transformed:  # dropped by the Trainer as no input: read where it is stored
         stored_rows = split.given.select([split.row(row) for row in read])[column]
         texts = {row: _answer_text(value) for row, value in zip(read, stored_rows, strict=True)}
-    spans = {row: decoded(row) for row in read if texts[row]}
+    elif column is None:  # dropped by the script's map(): read in the dataset it mapped, where its rows are these
+        found_answers = _mapped_answers(pipeline, split, read, ids, tokenizer)
+        if found_answers is None:
+            return
+        column, texts = found_answers
+    else:
+        return  # a transform makes the rows: the stored answers may not be theirs
+    spans = {row: decoded(row) for row in read if texts.get(row)}
     other = [row for row, span in spans.items() if span is not None and _plain(span) != _plain(texts[row])]
     misplaced(
         other,
-        f"read otherwise than their answer text in {column!r}",
+        f"read otherwise than their answer text in {column!r} (the first one's is {texts[other[0]]!r})"
+        if other
+        else "",
         "compute start_positions and end_positions from the answer's character offsets against the context's "
         "offset_mapping (the token where the answer starts, the token where it ends), not from word or character "
         "counts",
     )
+
+
+def _mapped_answers(
+    pipeline: Pipeline, split: FedSplit, read: list[int], ids: dict[int, Any], tokenizer: Any
+) -> tuple[str, dict[int, str]] | None:
+    """The answer texts of the rows `read`, from the dataset the script's map() made the split from (kept by the
+    script runner: `Pipeline.sources`), and their column; only rows whose stored question reads in their tokens are
+    taken as the same rows, and None where none is."""
+    count = len(split.given) if hasattr(split.given, "__len__") else -1
+    for source in pipeline.sources:
+        names = getattr(source, "column_names", None) or []
+        column = next((name for name in ANSWER_COLUMNS if name in names), None)
+        if column is None or "question" not in names or source is split.given or len(source) != count:
+            continue
+        with diagnosis.pipeline_part("reading the dataset the script made its answer positions from"):
+            rows = source.select([split.row(row) for row in read]).select_columns([column, "question"]).to_list()
+        texts: dict[int, str] = {}
+        for row, stored in zip(read, rows, strict=True):
+            try:
+                fed = _plain(str(tokenizer.decode(ids[row])))
+            except Exception:
+                return None
+            question = _plain(str(stored["question"] or ""))
+            if question and question in fed:
+                texts[row] = _answer_text(stored[column])
+        if texts and len(texts) >= len(read) / 2:
+            return column, texts
+    return None
 
 
 #: The question is told from the context as the sequence of each pair this many times shorter on average.

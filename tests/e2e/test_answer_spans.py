@@ -86,7 +86,54 @@ def test_spans_off_by_one_from_the_answer_text_fail_dataset(project: pytest.Pyte
     result.stdout.fnmatch_lines(
         [
             "dataset[[]cpu[]] failed: the answer spans of * of the 32 answered rows read (of the training dataset) read "
-            "otherwise than their answer text in 'answers': row 0 points at *",
+            "otherwise than their answer text in 'answers' (the first one's is *): row 0 points at *",
             "*fix: compute start_positions and end_positions from the answer's character offsets*",
         ]
     )
+
+
+#: As the question-answering guide writes it: the positions made by map() from the question, context and answers, which
+#: it drops (remove_columns), the name rebound.
+MAPPED = """
+    import tiny
+    from datasets import Dataset
+    from transformers import BertForQuestionAnswering, Trainer, TrainingArguments
+
+    tok = tiny.tokenizer()
+    questions = tiny.sentences(32, seed=5, shortest=3, longest=5)
+    contexts = tiny.sentences(32, seed=6, shortest=8, longest=12)
+    data = Dataset.from_dict({{"question": questions, "context": contexts,
+                              "answers": [{{"text": [context.split()[2]], "answer_start": [0]}} for context in contexts]}})
+
+    def preprocess(batch):
+        encoded = tok(batch["question"], batch["context"], truncation=True)
+        starts = []
+        for question in batch["question"]:
+            context_start = len(question.split()) + 2  # [CLS] question [SEP]
+            starts.append({start})
+        encoded["start_positions"], encoded["end_positions"] = starts, list(starts)
+        return encoded
+
+    data = data.map(preprocess, batched=True, remove_columns=data.column_names)
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, report_to="none")
+    trainer = Trainer(model=BertForQuestionAnswering(tiny.config(num_labels=2)), args=args, train_dataset=data,
+                      processing_class=tok)
+    trainer.train()
+"""
+
+
+def test_spans_a_token_off_fail_dataset_where_map_dropped_the_answers(project: pytest.Pytester) -> None:
+    write(project, "train.py", MAPPED.format(start="context_start + 1"))  # the token before the answer
+    result = run_script(project, "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: the answer spans of 32 of the 32 answered rows read (of the training dataset) read "
+            "otherwise than their answer text in 'answers' (the first one's is *): row 0 points at *",
+        ]
+    )
+
+
+def test_spans_on_the_answer_pass_where_map_dropped_the_answers(project: pytest.Pytester) -> None:
+    write(project, "train.py", MAPPED.format(start=RIGHT))
+    assert failures(run_script(project, "--trainer-stages=dataset")) == []
