@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pytest_trainer.schema import Pictures
+
 #: Set on an exception raised by the user's pipeline (collator, transform, model, loss, optimizer,
 #: metrics); any other exception a check raises is a bug of pytest-trainer.
 _PIPELINE_PART = "_pytest_trainer_pipeline_part"
@@ -28,7 +30,7 @@ class TrainerError(Exception):
     def __init__(self, cause: str, fix: str, details: Sequence[str] = ()) -> None:
         self.cause, self.fix, self.details = cause, fix, tuple(details)
         #: What the reports draw of the stage that failed (JSON values by name, as `StageResult.pictures`).
-        self.pictures: dict[str, Any] = {}
+        self.pictures: Pictures = {}
         super().__init__(self.render())
 
     def render(self) -> str:

@@ -17,7 +17,7 @@ from pytest_trainer.families import registered
 from pytest_trainer.items import GivenScript, StageItem, TrainerCommand, TrainerScript, stated_failure
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES, Step, cpu_first, plan
 from pytest_trainer.report import summary
-from pytest_trainer.schema import ItemFacts
+from pytest_trainer.schema import ItemFacts, Pictures
 from pytest_trainer.session import ALL, has_session, session_of, start_session
 from pytest_trainer.settings import MODELS, Settings
 
@@ -345,15 +345,15 @@ def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> ItemFa
     return facts
 
 
-def _pictures(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
+def _pictures(item: pytest.Item, call: pytest.CallInfo[None]) -> Pictures:
     """What the stage drew (the rows fed, the loss curve, the memory by part), passed or failed."""
     if call.when != "call":
         return {}
     error = call.excinfo.value if call.excinfo is not None else None
     if isinstance(error, TrainerError):
-        return dict(error.pictures)
+        return Pictures(**error.pictures)
     result = getattr(getattr(item, "funcargs", {}).get("trainer_stage"), "result", None)
-    return dict(result.pictures) if result is not None else {}
+    return Pictures(**result.pictures) if result is not None else {}
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 from pytest_trainer import diagnosis
 from pytest_trainer.sampling import NOT_DATA, SECONDS_FIGURE, Sampled
+from pytest_trainer.schema import RewardsPicture
 
 #: Rewards closer than this are the same reward (as TRL tells a group with no spread).
 SAME = 1e-6
@@ -123,7 +124,7 @@ def _carrying(sampled: Sampled, spreads: list[float]) -> int:
     return int(sum(sum(group) for group, spread in zip(sampled.groups(flags), spreads, strict=False) if spread > SAME))
 
 
-def picture(sampled: Sampled) -> dict[str, Any]:
+def picture(sampled: Sampled) -> RewardsPicture:
     """The rewards of the sampled batch, group by group (one group per prompt), in total and per reward function;
     a reward the trainer left missing (NaN) is None."""
 

@@ -1,10 +1,11 @@
-"""What stages hand later stages and the reports, typed: the figures a stage measured, what an item tells the report,
-and the outcomes the report names.
+"""What stages hand later stages and the reports, typed: the figures a stage measured, the pictures it drew, what an
+item tells the report, and the outcomes the report names.
 
 A stage that measures what another reads (forward's loss at init, backward's gradient norm, overfit's loss curve)
 returns it as one of these classes in `StageResult.measured`; the reader takes the attribute, never a string key.
 `StageResult.figures` holds the same numbers by name (and any other figure a stage adds) for the JSON and HTML reports.
-An item's `ItemFacts` travel from the xdist worker that ran it to the report as strict JSON.
+An item's `ItemFacts` travel from the xdist worker that ran it to the report as strict JSON, and its `Pictures` (JSON
+values too) as an attribute of its report, which `report.html` draws.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import enum
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True)
@@ -112,3 +113,71 @@ def to_json(value: Any, indent: int | None = None) -> str:
         return item
 
     return json.dumps(finite(value), indent=indent, sort_keys=True, allow_nan=False)
+
+
+class RowPicture(TypedDict, total=False):
+    """A row of a batch as the model is fed it (`report.pictures`)."""
+
+    #: Its tokens in words (padding left out), at most `report.pictures.TOKENS` of them.
+    tokens: list[str]
+    #: Which tokens are trained (a label other than -100 at their position).
+    trained: list[bool]
+    #: The row's target where it is not one per token: a class, a score, a decoded target sequence.
+    target: str
+    #: The prompt inference gives the model for the same conversation, in words.
+    asked: list[str]
+    #: How many tokens were left out at the end.
+    cut: int
+
+
+class Attempt(TypedDict):
+    """One try at overfitting the fixed batch: its learning rate, the loss before and after, the loss at each step."""
+
+    rate: float
+    before: float
+    after: float
+    curve: list[float]
+
+
+class LossCurve(TypedDict):
+    """The overfit stage's tries: what the loss is of (`what`), and each try."""
+
+    what: str
+    tries: list[Attempt]
+
+
+class EvaluationMemory(TypedDict):
+    """What an evaluation gathers for compute_metrics, in bytes, over how many rows."""
+
+    gathered: int
+    peak: int
+    rows: int
+
+
+class MemoryPicture(TypedDict, total=False):
+    """One training step's memory by part, its peak, the GPU's budget, and what a real step measured, in bytes."""
+
+    parts: dict[str, int]
+    peak: int
+    budget: int | None
+    measured: int
+    evaluation: EvaluationMemory
+
+
+class RewardsPicture(TypedDict):
+    """An online RL batch's rewards, group by group (one group per prompt), in total and per reward function (None: a
+    reward the trainer left missing), and which completions ended."""
+
+    total: list[list[float | None]]
+    functions: dict[str, list[list[float | None]]]
+    ended: list[bool]
+
+
+class Pictures(TypedDict, total=False):
+    """What a stage drew for the reports, by name."""
+
+    rows: list[RowPicture]
+    asked: list[RowPicture]
+    loss_curve: LossCurve
+    memory: MemoryPicture
+    rewards: RewardsPicture

@@ -12,10 +12,10 @@ import math
 from collections.abc import Callable
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pytest_trainer.report.summary import Grid, ItemRecord, PipelineReport, changed_notes, count, not_run
-from pytest_trainer.schema import Outcome
+from pytest_trainer.schema import LossCurve, MemoryPicture, Outcome, Pictures, RewardsPicture, RowPicture
 
 #: Outcome -> (background, text colour) of its cell in the grid.
 _OUTCOME_COLOURS = {
@@ -54,14 +54,14 @@ def write(path: Path, report: PipelineReport) -> None:
     )
 
 
-def pytest_html_extras(pictures: dict[str, Any]) -> list[dict[str, Any]]:
+def pytest_html_extras(pictures: Pictures) -> list[dict[str, Any]]:
     """The item's pictures as pytest-html 4 extras, one each, so one `--html` report carries them."""
     from pytest_html import extras
 
     return [extras.html(f"<div style='{_BOX}'>{fragment}</div>") for _, fragment in picture_fragments(pictures)]
 
 
-def picture_fragments(pictures: dict[str, Any]) -> list[tuple[str, str]]:
+def picture_fragments(pictures: Pictures) -> list[tuple[str, str]]:
     """(title, HTML fragment styled inline) of each picture a stage drew that this module can draw."""
     shown = []
     for name, (title, draw) in _DRAWINGS.items():
@@ -212,7 +212,7 @@ details.facts ul{margin:0;padding-left:16px}
 # ---- the pictures ---------------------------------------------------------------------------------------------
 
 
-def _rows(rows: list[dict[str, Any]]) -> str:
+def _rows(rows: list[RowPicture]) -> str:
     """Each row's tokens as the model is fed them, the trained ones highlighted, as Axolotl's preprocess debug
     colours them: what a completion-only loss or a chat template's generation markers really train."""
     per_token = any("trained" in row for row in rows)
@@ -274,7 +274,7 @@ def _visible(token: str) -> str:
     return token.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u2192") or "\u2205"
 
 
-def _loss_curve(picture: dict[str, Any]) -> str:
+def _loss_curve(picture: LossCurve) -> str:
     """Each try's loss per step on the one batch, with its learning rate and the judged value before and after."""
     tries = [attempt for attempt in picture.get("tries", []) if attempt.get("curve")]
     if not tries:
@@ -328,10 +328,13 @@ def _loss_curve(picture: dict[str, Any]) -> str:
         if len(points) <= 60:
             svg += [f"<circle cx='{px:.1f}' cy='{py:.1f}' r='3' fill='{colour}'/>" for px, py in points]
         if what == "loss":
-            for end, step, shape in (("before", 0, "before"), ("after", len(attempt["curve"]), "after")):
-                if _finite(attempt.get(end)):
+            for value, step, shape in (
+                (attempt["before"], 0, "before"),
+                (attempt["after"], len(attempt["curve"]), "after"),
+            ):
+                if _finite(value):
                     svg.append(
-                        f"<rect class='{shape}' x='{x(step) - 4:.1f}' y='{y(attempt[end]) - 4:.1f}' "
+                        f"<rect class='{shape}' x='{x(step) - 4:.1f}' y='{y(value) - 4:.1f}' "
                         f"width='8' height='8' fill='#fff' stroke='{colour}' stroke-width='2'/>"
                     )
         legend.append(
@@ -358,14 +361,14 @@ def _loss_curve(picture: dict[str, Any]) -> str:
     return "".join(svg) + "".join(legend) + hint
 
 
-def _memory(picture: dict[str, Any]) -> str:
+def _memory(picture: MemoryPicture) -> str:
     """The forecast peak of one training step by part, against the GPU's memory when one is known."""
     parts = {str(name): int(value) for name, value in picture.get("parts", {}).items()}
     bars = [(name, value, _PALETTE[index % len(_PALETTE)], "part") for index, (name, value) in enumerate(parts.items())]
     bars.append(("training step peak", int(picture.get("peak", 0)), "#333", "peak"))
     if picture.get("measured"):
         bars.append(("measured on this GPU", int(picture["measured"]), "#777", "measured"))
-    evaluation = picture.get("evaluation") or {}
+    evaluation = picture.get("evaluation")
     if evaluation:
         bars.append(
             (
@@ -401,11 +404,11 @@ def _memory(picture: dict[str, Any]) -> str:
     return "".join(rows) + f"<div style='color:#666;font-size:12px;margin-top:4px'>{said}</div>"
 
 
-def _rewards(picture: dict[str, Any]) -> str:
+def _rewards(picture: RewardsPicture) -> str:
     """Each group's total rewards (one group per prompt): GRPO trains on their differences within a group, so a
     group whose completions all score the same teaches nothing."""
     groups = [list(group) for group in picture.get("total", [])]
-    values = [value for group in groups for value in group if _finite(value)]
+    values: list[float] = [value for group in groups for value in group if _finite(value)]
     if not values:
         return "<p>no finite reward to draw</p>"
     functions = picture.get("functions", {})
@@ -436,7 +439,7 @@ def _rewards(picture: dict[str, Any]) -> str:
     completion = 0
     for number, group in enumerate(groups):
         middle = 4 + row_height * number + row_height / 2
-        finite = [value for value in group if _finite(value)]
+        finite: list[float] = [value for value in group if _finite(value)]
         spread = max(finite) - min(finite) if finite else 0.0
         flat = spread == 0
         colour = "#c9342f" if flat else "#2f6fdb"
@@ -491,7 +494,7 @@ _DRAWINGS: dict[str, tuple[str, Callable[[Any], str]]] = {
 # ---- small helpers --------------------------------------------------------------------------------------------
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pytest_trainer.schema import RowPicture
+
 if TYPE_CHECKING:
     from pytest_trainer.asked.view import Asked
     from pytest_trainer.pipeline import Pipeline
@@ -19,7 +21,7 @@ ROWS = 4
 TOKENS = 160
 
 
-def batch_rows(pipeline: Pipeline, batch: dict[str, Any], rows: int = ROWS) -> list[dict[str, Any]]:
+def batch_rows(pipeline: Pipeline, batch: dict[str, Any], rows: int = ROWS) -> list[RowPicture]:
     """The first rows of a collated batch as the model is fed them: each row's tokens (padding left out), which of
     them are trained (a label other than -100 at the token's position), and the row's target when it is not one
     per token (a class, a score, a decoded target sequence)."""
@@ -36,7 +38,7 @@ def batch_rows(pipeline: Pipeline, batch: dict[str, Any], rows: int = ROWS) -> l
         row = ids[index]
         keep = mask[index].bool() if torch.is_tensor(mask) and mask.shape == ids.shape else torch.ones_like(row).bool()
         tokens = [_shown(tokenizer, token) for token in tokenizer.convert_ids_to_tokens(row[keep].tolist()[:TOKENS])]
-        picture: dict[str, Any] = {"tokens": tokens}
+        picture: RowPicture = {"tokens": tokens}
         if torch.is_tensor(labels) and labels.shape == ids.shape:
             picture["trained"] = [bool(value) for value in (labels[index][keep] != -100).tolist()[:TOKENS]]
         elif torch.is_tensor(labels) and labels.dim() >= 1 and labels.shape[0] == ids.shape[0]:
@@ -47,19 +49,19 @@ def batch_rows(pipeline: Pipeline, batch: dict[str, Any], rows: int = ROWS) -> l
     return shown
 
 
-def trained_and_asked(asked: Asked, rows: int = 2) -> list[dict[str, Any]]:
+def trained_and_asked(asked: Asked, rows: int = 2) -> list[RowPicture]:
     """The first sampled rows of stored conversations as trained (the trained tokens marked), each beside the prompt
     inference gives the model for the same conversation (`asked`: its tokens)."""
     tokenizer = asked.tokenizer
     if not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
         return []
-    shown: list[dict[str, Any]] = []
+    shown: list[RowPicture] = []
     for row in asked.rows:
         prompt = asked.asked(row)
         if prompt is None:
             continue
         ids = [int(token) for token in row.ids[:TOKENS]]
-        picture: dict[str, Any] = {
+        picture: RowPicture = {
             "tokens": [_shown(tokenizer, token) for token in tokenizer.convert_ids_to_tokens(ids)],
             "trained": [bool(value) for value in row.trained[:TOKENS].tolist()],
             "asked": [_shown(tokenizer, token) for token in tokenizer.convert_ids_to_tokens(prompt[:TOKENS])],

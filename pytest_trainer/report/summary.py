@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_trainer.sampling import SECONDS_FIGURE
-from pytest_trainer.schema import ItemFacts, Outcome, to_json
+from pytest_trainer.schema import ItemFacts, Outcome, Pictures, to_json
 
 #: Name under which an item's pipeline facts travel in `report.user_properties`.
 PROPERTY = "pytest_trainer"
@@ -41,7 +41,7 @@ class ItemRecord:
     #: The setting that turns the stage on, where it runs only when asked (`--trainer-processes`), else "".
     opt_in: str = ""
     #: What the stage drew (see `pytest_trainer.report.pictures`), for the HTML report.
-    pictures: dict[str, Any] = field(default_factory=dict)
+    pictures: Pictures = field(default_factory=lambda: Pictures())
 
     @property
     def name(self) -> str:
@@ -111,7 +111,8 @@ class PipelineReport:
         record.opt_in = facts.opt_in or record.opt_in
         record.blocked = record.blocked or facts.blocked
         record.unavailable = record.unavailable or facts.unavailable
-        record.pictures.update(getattr(report, "trainer_pictures", None) or {})
+        drawn: Pictures | None = getattr(report, "trainer_pictures", None)  # set by the plugin's report hook
+        record.pictures.update(drawn or {})
         record.figures.update(facts.figures)
         record.notes.extend(note for note in facts.notes if note not in record.notes)
         if facts.diagnosis:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_trainer.devices import DEVICES
-from pytest_trainer.schema import Measured
+from pytest_trainer.schema import Measured, Pictures
 
 if TYPE_CHECKING:
     from pytest_trainer.diagnosis import TrainerError
@@ -31,8 +31,8 @@ class StageResult:
     gradients: dict[str, Any] | None = None
     figures: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    #: What the reports draw, as JSON values by name ("rows", "loss_curve", "memory", "rewards"): see `report.pictures`.
-    pictures: dict[str, Any] = field(default_factory=dict)
+    #: What the reports draw, as JSON values by name (`schema.Pictures`): see `report.pictures`.
+    pictures: Pictures = field(default_factory=lambda: Pictures())
     #: What later stages read of this one, typed (`schema`); its numbers are in `figures` too, for the reports.
     measured: Measured | None = None
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_trainer import diagnosis, training
+from pytest_trainer.schema import EvaluationMemory, MemoryPicture
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 
 if TYPE_CHECKING:
@@ -67,11 +68,11 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         f"one training step at {at}{f' in {mixed}' if mixed else ''}: about {step.describe()}, from {step.how}"
     )
     budget = _budget(pipeline, device)
-    picture = result.pictures["memory"] = {
-        "parts": {part: int(value) for part, value in step.parts.items()},
-        "peak": int(step.peak),
-        "budget": int(budget) if budget else None,
-    }
+    picture = result.pictures["memory"] = MemoryPicture(
+        parts={part: int(value) for part, value in step.parts.items()},
+        peak=int(step.peak),
+        budget=int(budget) if budget else None,
+    )
     if budget and step.peak > budget:
         raise with_pictures(
             diagnosis.PipelineFailure(
@@ -87,7 +88,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     if evaluation is not None:
         gathered, peak, rows, per_row = evaluation
         result.figures.update({"eval_gathered_gib": gathered / GIB, "eval_peak_gib": peak / GIB})
-        picture["evaluation"] = {"gathered": int(gathered), "peak": int(peak), "rows": int(rows)}
+        picture["evaluation"] = EvaluationMemory(gathered=int(gathered), peak=int(peak), rows=int(rows))
         result.notes.append(
             f"evaluation gathers {memory_forecast.size(per_row)} of predictions per row for compute_metrics "
             f"({rows} rows here: {memory_forecast.size(gathered)} on the GPU)"

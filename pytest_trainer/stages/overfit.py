@@ -59,7 +59,7 @@ class Attempt:
     def learned(self) -> bool:
         return self.finite and self.after <= self.before * (1 - FALL)
 
-    def picture(self) -> dict[str, object]:
+    def picture(self) -> schema.Attempt:
         return {"rate": self.rate, "before": self.before, "after": self.after, "curve": list(self.curve)}
 
     def shown(self) -> str:
@@ -80,7 +80,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result = StageResult("overfit", device, batch=pipeline.batches.on(device), measured=measured)
     result.notes.append(f"steps used the peak learning rate {first.rate:g}, without the schedule")
     result.loss = first.after
-    curve = result.pictures["loss_curve"] = {"what": first.what, "tries": [first.picture()]}
+    curve = result.pictures["loss_curve"] = schema.LossCurve(what=first.what, tries=[first.picture()])
     if not first.finite:
         raise with_pictures(
             diagnosis.PipelineFailure(
