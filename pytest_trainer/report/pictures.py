@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer.schema import RowPicture
+from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from pytest_trainer.asked.view import Asked
@@ -40,7 +41,7 @@ def batch_rows(pipeline: Pipeline, batch: dict[str, Any], rows: int = ROWS) -> l
         tokens = [_shown(tokenizer, token) for token in tokenizer.convert_ids_to_tokens(row[keep].tolist()[:TOKENS])]
         picture: RowPicture = {"tokens": tokens}
         if torch.is_tensor(labels) and labels.shape == ids.shape:
-            picture["trained"] = [bool(value) for value in (labels[index][keep] != -100).tolist()[:TOKENS]]
+            picture["trained"] = [bool(value) for value in (labels[index][keep] != IGNORE_INDEX).tolist()[:TOKENS]]
         elif torch.is_tensor(labels) and labels.dim() >= 1 and labels.shape[0] == ids.shape[0]:
             picture["target"] = _target(pipeline, tokenizer, labels[index])
         if len(row[keep]) > TOKENS:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_trainer import schema
 from pytest_trainer.losses import checked_loss
 from pytest_trainer.stages.base import Stage, StageResult
+from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from pytest_trainer.pipeline import Pipeline
@@ -67,6 +68,6 @@ def _answers_a_prompt(sample: dict[str, Any]) -> bool:
     return (
         isinstance(listed, list)
         and len(listed) > 1
-        and listed[0] == -100
-        and any(label != -100 for label in listed if isinstance(label, int))
+        and listed[0] == IGNORE_INDEX
+        and any(label != IGNORE_INDEX for label in listed if isinstance(label, int))
     )

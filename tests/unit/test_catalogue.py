@@ -170,3 +170,18 @@ def test_each_subject_is_read_by_a_declared_check(subject: str) -> None:
             if keyword.arg == "reads":
                 read.add(keyword.value.id.lower() if isinstance(keyword.value, ast.Name) else "")
     assert subject in read
+
+
+def test_the_ignored_label_is_named_not_written_as_a_number() -> None:
+    """-100 is `tasks.IGNORE_INDEX` in the code (prose may say it)."""
+    written = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.UnaryOp)
+                and isinstance(node.op, ast.USub)
+                and isinstance(node.operand, ast.Constant)
+                and node.operand.value == 100
+            ):
+                written.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert written == ["tasks.py:16"]
