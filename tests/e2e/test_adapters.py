@@ -12,8 +12,8 @@ import peft  # noqa: F401
 import pytest
 import transformers
 import trl  # noqa: F401
-from conftest import failures, outcomes, run_script, write
 from peft import LoraConfig, get_peft_model  # noqa: F401
+from pipeline_runs import failures, outcomes, run_script, write
 from task_scripts import LM
 from transformers import LlamaForCausalLM, ViTForImageClassification  # noqa: F401
 from trl import DPOTrainer, SFTTrainer  # noqa: F401

@@ -14,7 +14,7 @@ import pytest
 import transformers
 import trl  # noqa: F401
 from chat_scripts import CHAT, RENDERED, sft
-from conftest import failures, outcomes, run_script, write
+from pipeline_runs import failures, outcomes, run_script, write
 from task_scripts import LM
 from transformers import DataCollatorForLanguageModeling, LlamaForCausalLM  # noqa: F401
 from trl import SFTConfig, SFTTrainer  # noqa: F401

@@ -5,7 +5,7 @@ of errors through a second device, `meta`, that a GPU machine meets between the 
 from __future__ import annotations
 
 import pytest
-from conftest import GOOD_SCRIPT, outcomes, run_script, write
+from pipeline_runs import GOOD_SCRIPT, outcomes, run_script, write
 
 #: A Trainer subclass weighting its loss by class, the weights made on `{device}` and used as `{used}`.
 WEIGHTED = """

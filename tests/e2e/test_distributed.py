@@ -12,7 +12,7 @@ import re
 import textwrap
 
 import pytest
-from conftest import outcomes, write
+from pipeline_runs import outcomes, write
 
 #: Every test here runs a job of several processes (45 to 85 s each on 2 cores).
 pytestmark = pytest.mark.slow

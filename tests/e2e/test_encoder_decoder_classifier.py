@@ -7,7 +7,7 @@ properties keep their end-of-sequence token, which these heads read their predic
 from __future__ import annotations
 
 import pytest
-from conftest import ITEMS, failures, outcomes, run_script, write
+from pipeline_runs import ITEMS, failures, outcomes, run_script, write
 
 BART = """
     import tiny

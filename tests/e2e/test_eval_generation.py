@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import failures, run_script, write
+from pipeline_runs import failures, run_script, write
 
 #: A tiny T5 that learns to repeat a sentence twice: its targets run to about 40 tokens.
 SCRIPT = """

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ITEMS, failures, outcomes
+from pipeline_runs import ITEMS, failures, outcomes
 
 from pytest_trainer import devices
 

@@ -8,7 +8,7 @@ stage where the error surfaces, so that the explanation (not an earlier check of
 from __future__ import annotations
 
 import pytest
-from conftest import failures, write
+from pipeline_runs import failures, write
 from task_scripts import LM
 
 CLASSIFIER = """

@@ -6,7 +6,7 @@ its own, where the installed packages are read afresh."""
 from __future__ import annotations
 
 import pytest
-from conftest import write
+from pipeline_runs import write
 
 #: A library's Trainer, and what it tells pytest-trainer: its family and a stage of its own.
 PACKAGE = '''

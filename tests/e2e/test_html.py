@@ -300,7 +300,7 @@ def test_figures_and_notes_are_said_in_words_and_once(pytester: pytest.Pytester)
 
 
 def test_a_model_with_learned_positions_has_its_limit_as_a_figure(project: pytest.Pytester) -> None:
-    from conftest import GOOD_SCRIPT, write
+    from pipeline_runs import GOOD_SCRIPT, write
 
     write(project, "train.py", GOOD_SCRIPT)
     project.runpytest("--trainer-module=train.py", *CPU, "--trainer-stages=lengths", "--trainer-report=report.json")

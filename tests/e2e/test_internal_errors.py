@@ -6,7 +6,7 @@ import json
 import textwrap
 
 import pytest
-from conftest import GOOD_SCRIPT, outcomes, run_script, write
+from pipeline_runs import GOOD_SCRIPT, outcomes, run_script, write
 
 #: A conftest that plants a bug in the plugin's own code (a helper of the lengths property).
 PLANTED_BUG = """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import GOOD_SCRIPT, ITEMS, failures, outcomes, write
+from pipeline_runs import GOOD_SCRIPT, ITEMS, failures, outcomes, write
 
 from pytest_trainer import devices
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GOOD_SCRIPT, ITEMS, failures, outcomes, run_script, write
+from pipeline_runs import GOOD_SCRIPT, ITEMS, failures, outcomes, run_script, write
 
 
 def test_correct_script_passes_every_cpu_stage_and_skips_cuda(project: pytest.Pytester) -> None:

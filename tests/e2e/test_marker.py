@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import GOOD_SCRIPT, write
+from pipeline_runs import GOOD_SCRIPT, write
 
 from pytest_trainer import devices
 

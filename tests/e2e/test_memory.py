@@ -29,8 +29,8 @@ import peft  # noqa: F401
 import pytest
 import torch
 import transformers
-from conftest import GOOD_SCRIPT, TINY, failures, outcomes, run_script, write
 from peft import LoraConfig, get_peft_model
+from pipeline_runs import GOOD_SCRIPT, TINY, failures, outcomes, run_script, write
 from torch.profiler import ProfilerActivity, profile
 from transformers import (
     BertConfig,

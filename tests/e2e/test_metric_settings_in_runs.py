@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from conftest import outcomes, run_script, write
+from pipeline_runs import outcomes, run_script, write
 
 SCRIPT = """
     import tiny

@@ -6,7 +6,7 @@ are no error; a softmax asked to learn rows that set several classes is."""
 from __future__ import annotations
 
 import pytest
-from conftest import failures, run_script, write
+from pipeline_runs import failures, run_script, write
 
 SCRIPT = """
     import tiny

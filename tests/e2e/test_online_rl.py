@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import failures, outcomes, run_script, write
+from pipeline_runs import failures, outcomes, run_script, write
 from task_scripts import LM
 from trl import GRPOTrainer  # noqa: F401  (imported once, before pytester's in-process runs)
 

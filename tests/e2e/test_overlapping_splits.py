@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import GOOD_SCRIPT, outcomes, run_script, write
+from pipeline_runs import GOOD_SCRIPT, outcomes, run_script, write
 
 #: A classifier on 200 sentences; `split` makes `train` and `dev`, `settings` are more TrainingArguments.
 SPLITS = """

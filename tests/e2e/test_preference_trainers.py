@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ITEMS, failures, outcomes, run_script, write
+from pipeline_runs import ITEMS, failures, outcomes, run_script, write
 from task_scripts import LM
 
 PAIRS = """

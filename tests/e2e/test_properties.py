@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from conftest import GOOD_SCRIPT, KIND_SCRIPTS, failures, outcomes, run_script, write
+from pipeline_runs import GOOD_SCRIPT, KIND_SCRIPTS, failures, outcomes, run_script, write
 
 PROPERTIES = "--trainer-stages=labels,lengths,padding"
 

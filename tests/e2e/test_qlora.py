@@ -13,7 +13,7 @@ import torch
 import transformers
 import trl  # noqa: F401
 from checkpoints import folder
-from conftest import failures, outcomes, write
+from pipeline_runs import failures, outcomes, write
 from trl import SFTConfig, SFTTrainer  # noqa: F401
 
 # The libraries above, and the trainers the scripts import, are imported here, before pytester's in-process runs, for

@@ -13,8 +13,8 @@ import inspect
 
 import pytest
 import transformers
-from conftest import failures, write
 from packaging.version import Version
+from pipeline_runs import failures, write
 from task_scripts import LM
 
 from pytest_trainer import renames

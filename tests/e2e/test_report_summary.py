@@ -7,7 +7,7 @@ import math
 from xml.etree import ElementTree
 
 import pytest
-from conftest import GOOD_SCRIPT, failures, outcomes, write
+from pipeline_runs import GOOD_SCRIPT, failures, outcomes, write
 
 from pytest_trainer import devices
 from pytest_trainer.report import summary

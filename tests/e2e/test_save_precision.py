@@ -26,8 +26,8 @@ from typing import Any
 import peft  # noqa: F401
 import pytest
 import torch
-from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
 from peft import LoraConfig, get_peft_model  # noqa: F401
+from pipeline_runs import GOOD_SCRIPT, failures, outcomes, run_script, write
 from task_scripts import LM
 from transformers import BertModel, LlamaForCausalLM  # noqa: F401
 

@@ -8,7 +8,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
+from pipeline_runs import GOOD_SCRIPT, failures, outcomes, run_script, write
 
 from pytest_trainer.script_runner import script_modules
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import failures, outcomes, run_script, write
+from pipeline_runs import failures, outcomes, run_script, write
 
 # sentence-transformers 6 (on transformers 5) arranges its modules by model kind; on transformers 4.57 pip installs 5.x.
 pytest.importorskip("sentence_transformers.sentence_transformer", reason="these scripts use sentence-transformers 6")

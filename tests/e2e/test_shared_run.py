@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from conftest import GOOD_SCRIPT, write
 from hypothesis import strategies as st
+from pipeline_runs import GOOD_SCRIPT, write
 
 from pytest_trainer.search import search
 from pytest_trainer.stages.save import first_rows

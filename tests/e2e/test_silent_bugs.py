@@ -17,8 +17,8 @@ from __future__ import annotations
 import peft  # noqa: F401
 import pytest
 import transformers
-from conftest import KIND_SCRIPTS, failures, outcomes, write
 from peft import LoraConfig, get_peft_model  # noqa: F401
+from pipeline_runs import KIND_SCRIPTS, failures, outcomes, write
 
 # The libraries above are imported here, before pytester's in-process runs, for the reason conftest gives.
 

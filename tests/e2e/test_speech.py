@@ -5,7 +5,7 @@ needs. Each with its correct twin."""
 from __future__ import annotations
 
 import pytest
-from conftest import failures, run_script, write
+from pipeline_runs import failures, run_script, write
 
 STAGES = "--trainer-stages=dataset,collate,forward"
 

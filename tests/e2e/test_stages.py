@@ -6,7 +6,7 @@ import json
 import textwrap
 
 import pytest
-from conftest import GOOD_SCRIPT, failures, run_script, write
+from pipeline_runs import GOOD_SCRIPT, failures, run_script, write
 
 ROWS_SCRIPT = """
     import tiny
@@ -187,7 +187,7 @@ def test_parameters_left_out_of_the_loss_fail_backward_where_ddp_does_not_look_f
 
 
 def test_token_labels_not_aligned_with_the_tokens_fail_dataset(project: pytest.Pytester) -> None:
-    from conftest import KIND_SCRIPTS
+    from pipeline_runs import KIND_SCRIPTS
 
     write(
         project,

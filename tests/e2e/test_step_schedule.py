@@ -7,7 +7,7 @@ import json
 
 import pytest
 import transformers
-from conftest import failures, run_script, write
+from pipeline_runs import failures, run_script, write
 
 #: A warmup given in steps that still works in both transformers 4 and 5.
 SCRIPT = """

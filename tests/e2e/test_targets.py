@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 import trl  # noqa: F401
-from conftest import GOOD_SCRIPT, failures, outcomes, run_script, write
+from pipeline_runs import GOOD_SCRIPT, failures, outcomes, run_script, write
 from task_scripts import LM
 from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq, LlamaForCausalLM  # noqa: F401
 from trl import SFTConfig, SFTTrainer  # noqa: F401

@@ -12,7 +12,7 @@ import numpy  # noqa: F401
 import PIL.Image  # noqa: F401
 import pytest
 import trl  # noqa: F401
-from conftest import ITEMS, failures, outcomes, run_script, write
+from pipeline_runs import ITEMS, failures, outcomes, run_script, write
 from task_scripts import LM
 from transformers import (  # noqa: F401
     BertForMultipleChoice,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import trl
-from conftest import failures, outcomes, write
+from pipeline_runs import failures, outcomes, write
 from task_scripts import LM
 from trl import GRPOConfig, GRPOTrainer, KTOConfig, KTOTrainer, RLOOConfig, RLOOTrainer  # noqa: F401
 

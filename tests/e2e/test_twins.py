@@ -15,7 +15,7 @@ import pytest
 import transformers
 import trl  # noqa: F401
 from checkpoints import cache, folder
-from conftest import failures, outcomes, write
+from pipeline_runs import failures, outcomes, write
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: F401
 
 # The libraries above, and the trainers the scripts import, are imported here, before pytester's in-process runs, for

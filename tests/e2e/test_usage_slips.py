@@ -5,7 +5,7 @@ item. The pure logic is in tests/unit/test_usage.py."""
 from __future__ import annotations
 
 import pytest
-from conftest import GOOD_SCRIPT, run_script, write
+from pipeline_runs import GOOD_SCRIPT, run_script, write
 
 
 def test_a_training_script_given_as_a_test_file_is_not_run_and_gets_the_command(project: pytest.Pytester) -> None:

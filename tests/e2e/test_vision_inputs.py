@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import failures, run_script, write
+from pipeline_runs import failures, run_script, write
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "conftest_examples" / "vision" / "train.py").read_text()
 #: The example's transform, which every case below changes.

@@ -16,8 +16,8 @@ import pytest
 import torch
 import transformers
 import trl  # noqa: F401
-from conftest import ITEMS, failures, outcomes, run_script, write
 from packaging.version import Version
+from pipeline_runs import ITEMS, failures, outcomes, run_script, write
 from transformers import LlavaForConditionalGeneration, LlavaProcessor  # noqa: F401
 from trl import SFTConfig, SFTTrainer  # noqa: F401
 

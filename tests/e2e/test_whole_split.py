@@ -9,7 +9,7 @@ transform passes through unchanged from storage over every row, naming the real 
 from __future__ import annotations
 
 import pytest
-from conftest import failures, outcomes, run_script, write
+from pipeline_runs import failures, outcomes, run_script, write
 
 from pytest_trainer import tables
 

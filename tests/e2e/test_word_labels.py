@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import failures, run_script, write
+from pipeline_runs import failures, run_script, write
 
 SCRIPT = """
     import random

@@ -129,7 +129,7 @@ RECORD_KEYS = ("rank", "progress", "data", "rows", "weights", "written", "engine
 
 
 def record_job(name: str) -> None:
-    from conftest import TINY
+    from pipeline_runs import TINY
 
     from pytest_trainer.distributed import processes
 
