@@ -138,40 +138,44 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
                 fix,
             )
 
+    readable = tokenizer is not None and ids is not None
+    stored_rows = _stored_rows(pipeline, split, read, ids, tokenizer) if readable and ids is not None else {}
     types = values("token_type_ids") if "token_type_ids" in table.column_names else None
     sep = getattr(tokenizer, "sep_token_id", None)
     pairs = {row: _segments(ids[row], types[row] if types else None, sep) for row in read} if ids else {}
     found = {row: pair for row, pair in pairs.items() if pair is not None}
     if found:
-        first = float(np.mean([len(pair[0]) for pair in found.values()]))
-        second = float(np.mean([len(pair[1]) for pair in found.values()]))
-        # The question is the shorter sequence (the context may come first, as the script pairs them).
-        question = 0 if first * QUESTION_SHORTER <= second else 1 if second * QUESTION_SHORTER <= first else None
+        # The question is the sequence that reads as the stored question; without one, the shorter sequence of the
+        # pairs (the context may come first, as the script pairs them) where it is clearly shorter.
+        question = _question_side(found, stored_rows, ids, tokenizer) if stored_rows and ids is not None else None
+        if question is None and not stored_rows:
+            first = float(np.mean([len(pair[0]) for pair in found.values()]))
+            second = float(np.mean([len(pair[1]) for pair in found.values()]))
+            question = 0 if first * QUESTION_SHORTER <= second else 1 if second * QUESTION_SHORTER <= first else None
         if question is not None:
             in_question = [row for row, pair in found.items() if int(starts[row]) in pair[question]]
+            told = "the one that reads as the stored question" if stored_rows else "the shorter"
             misplaced(
                 in_question,
-                f"lie in the question (the {('first', 'second')[question]} sequence of each pair, the shorter), not "
+                f"lie in the question (the {('first', 'second')[question]} sequence of each pair, {told}), not "
                 "in the context",
                 "find the answer among the context's tokens (where the encoding's sequence_ids(i) is the context's), "
                 "with offset_mapping",
             )
-    if tokenizer is None or ids is None:
+    if not readable:
         return
     stored = getattr(split.given, "column_names", None) or []
     column = next((name for name in ANSWER_COLUMNS if name in table.column_names or name in stored), None)
     if column is not None and column in table.column_names:
         texts = {row: _answer_text(value) for row, value in values(column).items()}
     elif column is not None and not split.transformed:  # dropped by the Trainer as no input: read where it is stored
-        stored_rows = split.given.select([split.row(row) for row in read])[column]
-        texts = {row: _answer_text(value) for row, value in zip(read, stored_rows, strict=True)}
-    elif column is None:  # dropped by the script's map(): read in the dataset it mapped, where its rows are these
-        found_answers = _mapped_answers(pipeline, split, read, ids, tokenizer)
-        if found_answers is None:
+        stored_answers = split.given.select([split.row(row) for row in read])[column]
+        texts = {row: _answer_text(value) for row, value in zip(read, stored_answers, strict=True)}
+    else:  # dropped by the script's map(): read in the dataset it mapped, where its rows are these
+        column = next((name for name in ANSWER_COLUMNS for values_ in stored_rows.values() if name in values_), None)
+        if column is None:
             return
-        column, texts = found_answers
-    else:
-        return  # a transform makes the rows: the stored answers may not be theirs
+        texts = {row: _answer_text(values_.get(column)) for row, values_ in stored_rows.items()}
     spans = {row: decoded(row) for row in read if texts.get(row)}
     other = [row for row, span in spans.items() if span is not None and _plain(span) != _plain(texts[row])]
     misplaced(
@@ -185,36 +189,62 @@ def check_answer_places(pipeline: Pipeline, split: FedSplit, starts: np.ndarray,
     )
 
 
-def _mapped_answers(
+def _stored_rows(
     pipeline: Pipeline, split: FedSplit, read: list[int], ids: dict[int, Any], tokenizer: Any
-) -> tuple[str, dict[int, str]] | None:
-    """The answer texts of the rows `read`, from the dataset the script's map() made the split from (kept by the
-    script runner: `Pipeline.sources`), and their column; only rows whose stored question reads in their tokens are
-    taken as the same rows, and None where none is."""
+) -> dict[int, dict[str, Any]]:
+    """The stored question (and answers) of each row `read`: from the split as stored, or from the dataset the script's
+    map() made it from and dropped them (kept by the script runner: `Pipeline.sources`). Only rows whose stored
+    question reads in their tokens are taken as the same rows; {} where not half of them do."""
     count = len(split.given) if hasattr(split.given, "__len__") else -1
-    for source in pipeline.sources:
+    candidates = [] if split.transformed else [split.given]
+    candidates += [source for source in pipeline.sources if source is not split.given and len(source) == count]
+    for source in candidates:
         names = getattr(source, "column_names", None) or []
-        column = next((name for name in ANSWER_COLUMNS if name in names), None)
-        if column is None or "question" not in names or source is split.given or len(source) != count:
+        if "question" not in names:
             continue
-        with diagnosis.pipeline_part("reading the dataset the script made its answer positions from"):
-            rows = source.select([split.row(row) for row in read]).select_columns([column, "question"]).to_list()
-        texts: dict[int, str] = {}
+        columns = ["question", *[name for name in ANSWER_COLUMNS if name in names][:1]]
+        with diagnosis.pipeline_part("reading the questions and answers the rows were made from"):
+            rows = source.select([split.row(row) for row in read]).select_columns(columns).to_list()
+        verified: dict[int, dict[str, Any]] = {}
         for row, stored in zip(read, rows, strict=True):
             try:
                 fed = _plain(str(tokenizer.decode(ids[row])))
-            except Exception:
-                return None
+            except Exception:  # a tokenizer that cannot read these ids back: nothing is compared
+                return {}
             question = _plain(str(stored["question"] or ""))
             if question and question in fed:
-                texts[row] = _answer_text(stored[column])
-        if texts and len(texts) >= len(read) / 2:
-            return column, texts
-    return None
+                verified[row] = stored
+        if verified and len(verified) >= len(read) / 2:
+            return verified
+    return {}
 
 
-#: The question is told from the context as the sequence of each pair this many times shorter on average.
-QUESTION_SHORTER = 1.5
+def _question_side(
+    found: dict[int, tuple[range, range]], stored: dict[int, dict[str, Any]], ids: dict[int, Any], tokenizer: Any
+) -> int | None:
+    """Which sequence of the pairs (0 or 1) reads as the stored question, in most rows that have one; None where
+    none does."""
+    votes = [0, 0]
+    for row, values_ in stored.items():
+        pair = found.get(row)
+        if pair is None:
+            continue
+        question = _plain(str(values_.get("question") or ""))
+        for side in (0, 1):
+            try:
+                text = _plain(str(tokenizer.decode([ids[row][index] for index in pair[side]])))
+            except Exception:
+                return None
+            if text and (text == question or (len(text) >= len(question) / 2 and text in question)):
+                votes[side] += 1
+    if votes[0] == votes[1]:
+        return None
+    return 0 if votes[0] > votes[1] else 1
+
+
+#: Without a stored question to read, the question is told from the context as the sequence of each pair this many
+#: times shorter on average (a SQuAD question is about a tenth of its context; questions as long are left alone).
+QUESTION_SHORTER = 2
 
 
 def _segments(ids: list[int], types: list[int] | None, sep: int | None) -> tuple[range, range] | None:

@@ -100,7 +100,7 @@ MAPPED = """
     from transformers import BertForQuestionAnswering, Trainer, TrainingArguments
 
     tok = tiny.tokenizer()
-    questions = tiny.sentences(32, seed=5, shortest=3, longest=5)
+    questions = tiny.sentences(32, seed=5, shortest={shortest}, longest={longest})
     contexts = tiny.sentences(32, seed=6, shortest=8, longest=12)
     data = Dataset.from_dict({{"question": questions, "context": contexts,
                               "answers": [{{"text": [context.split()[2]], "answer_start": [0]}} for context in contexts]}})
@@ -123,7 +123,7 @@ MAPPED = """
 
 
 def test_spans_a_token_off_fail_dataset_where_map_dropped_the_answers(project: pytest.Pytester) -> None:
-    write(project, "train.py", MAPPED.format(start="context_start + 1"))  # the token before the answer
+    write(project, "train.py", MAPPED.format(start="context_start + 1", shortest=3, longest=5))  # a token before
     result = run_script(project, "--trainer-stages=dataset")
     assert failures(result) == ["dataset[cpu]"]
     result.stdout.fnmatch_lines(
@@ -134,6 +134,30 @@ def test_spans_a_token_off_fail_dataset_where_map_dropped_the_answers(project: p
     )
 
 
-def test_spans_on_the_answer_pass_where_map_dropped_the_answers(project: pytest.Pytester) -> None:
-    write(project, "train.py", MAPPED.format(start=RIGHT))
+#: Questions of 3-5 words, or of 16-20, longer than their contexts of 8-12: the question is the sequence that reads as
+#: the stored question, not the shorter one.
+QUESTIONS = {"short-questions": (3, 5), "questions-longer-than-contexts": (16, 20)}
+
+
+@pytest.mark.parametrize(("shortest", "longest"), QUESTIONS.values(), ids=QUESTIONS.keys())
+def test_spans_on_the_answer_pass_where_map_dropped_the_answers(
+    project: pytest.Pytester, shortest: int, longest: int
+) -> None:
+    write(project, "train.py", MAPPED.format(start=RIGHT, shortest=shortest, longest=longest))
     assert failures(run_script(project, "--trainer-stages=dataset")) == []
+
+
+@pytest.mark.parametrize(("shortest", "longest"), QUESTIONS.values(), ids=QUESTIONS.keys())
+def test_spans_in_the_question_that_reads_as_the_stored_one_fail_dataset(
+    project: pytest.Pytester, shortest: int, longest: int
+) -> None:
+    write(project, "train.py", MAPPED.format(start="1", shortest=shortest, longest=longest))
+    result = run_script(project, "--trainer-stages=dataset")
+    assert failures(result) == ["dataset[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "dataset[[]cpu[]] failed: the answer spans of 32 of the 32 answered rows read (of the training dataset) lie "
+            "in the question (the first sequence of each pair, the one that reads as the stored question), not in the "
+            "context*",
+        ]
+    )
