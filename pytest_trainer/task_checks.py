@@ -367,7 +367,10 @@ def check_token_labels(pipeline: Pipeline, split: FedSplit) -> None:
             )
 
     # Both are told: labels shifted by a position put one on [CLS] and others off their words' first tokens.
-    diagnosis.findings_last([special_labels, lambda: check_word_starts(split, tokenizer, table, model_input, column)])
+    stored = _stored_word_ids(pipeline, split, tokenizer, table, model_input)
+    diagnosis.findings_last(
+        [special_labels, lambda: check_word_starts(split, tokenizer, table, model_input, column, stored)]
+    )
 
 
 #: Rows whose words are read back (the tokenizer runs on each).
@@ -384,12 +387,60 @@ MIN_BY_POSITION = 3
 
 
 @checks("dataset", "eval", reads=SPLIT)
-def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: str, column: str) -> None:
+def _stored_word_ids(
+    pipeline: Pipeline, split: FedSplit, tokenizer: Any, table: Any, model_input: str
+) -> dict[int, list[int | None]]:
+    """Each of the first WORD_ROWS rows' word_ids, from the words it was made from: a column of lists of words, in
+    the split as stored or in the dataset the script's map() made it from, that the tokenizer turns (words given as
+    split, truncated to the row's length) into exactly the row's ids. {} where no column does for half the rows."""
+    rows = min(table.num_rows, WORD_ROWS)
+    if not rows or not getattr(tokenizer, "is_fast", False):
+        return {}
+    fed = table.column(model_input).slice(0, rows).to_pylist()
+    count = len(split.given) if hasattr(split.given, "__len__") else -1
+    candidates = [] if split.transformed else [split.given]
+    candidates += [source for source in pipeline.sources if source is not split.given and len(source) == count]
+    for source in candidates:
+        features = getattr(source, "features", None) or {}
+        listed = [
+            name
+            for name, feature in features.items()
+            if type(feature).__name__ in ("Sequence", "List", "LargeList")
+            and getattr(getattr(feature, "feature", None), "dtype", None) in ("string", "large_string")
+        ]
+        for name in listed:
+            with diagnosis.pipeline_part("reading the words the rows were made from"):
+                stored = source.select([split.row(row) for row in range(rows)])[name]
+            found: dict[int, list[int | None]] = {}
+            for row, (ids, words) in enumerate(zip(fed, stored, strict=True)):
+                if not ids or not words:
+                    continue
+                try:
+                    encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=len(ids))
+                except Exception:  # a tokenizer that cannot take words given as split
+                    break
+                if encoded["input_ids"] == ids:
+                    found[row] = encoded.word_ids()
+            if found and len(found) >= rows / 2:
+                return found
+    return {}
+
+
+def check_word_starts(
+    split: FedSplit,
+    tokenizer: Any,
+    table: Any,
+    model_input: str,
+    column: str,
+    stored: dict[int, list[int | None]] | None = None,
+) -> None:
     """Word labels sit on a word's first token (or on every token of it), as word_ids() gives them: a word of several
     tokens whose first is -100 while a later one is labeled got its label by a position, shifted.
 
-    The words are read back from the token ids: the row is decoded and tokenized again, and where that gives the same
-    ids (most rows of a WordPiece or SentencePiece tokenizer), word_ids() tells each token's word."""
+    The words are the stored ones where they are at hand (`stored`: each row's word_ids from its stored words, as the
+    script tokenized them); else they are read back from the token ids: the row is decoded and tokenized again, and
+    where that gives the same ids (most rows of a WordPiece or SentencePiece tokenizer), word_ids() tells each token's
+    word."""
     if not getattr(tokenizer, "is_fast", False):
         return
     rows = min(table.num_rows, WORD_ROWS)
@@ -401,17 +452,22 @@ def check_word_starts(split: FedSplit, tokenizer: Any, table: Any, model_input: 
     for row, (ids, labels) in enumerate(zip(ids_column, labels_column, strict=True)):
         if not ids or labels is None or len(ids) != len(labels):
             continue
-        try:
-            again = tokenizer(tokenizer.decode(ids, skip_special_tokens=True), add_special_tokens=False)
-        except Exception:  # a tokenizer that cannot read its own output back: the words stay unknown
-            continue
         real = [index for index, token in enumerate(ids) if token not in tokenizer.all_special_ids]
-        if again["input_ids"] != [ids[index] for index in real]:
-            continue  # the round trip changed the tokens: the words cannot be read back
         words: dict[int, list[int]] = {}
-        for position, word in zip(real, again.word_ids(), strict=True):
-            if word is not None:
-                words.setdefault(word, []).append(position)
+        if stored and row in stored:
+            for position, word in enumerate(stored[row]):
+                if word is not None:
+                    words.setdefault(word, []).append(position)
+        else:
+            try:
+                again = tokenizer(tokenizer.decode(ids, skip_special_tokens=True), add_special_tokens=False)
+            except Exception:  # a tokenizer that cannot read its own output back: the words stay unknown
+                continue
+            if again["input_ids"] != [ids[index] for index in real]:
+                continue  # the round trip changed the tokens: the words cannot be read back
+            for position, word in zip(real, again.word_ids(), strict=True):
+                if word is not None:
+                    words.setdefault(word, []).append(position)
         read += 1
         split_words += any(len(positions) > 1 for positions in words.values())
         labeled = {index for index in real if labels[index] != IGNORE_INDEX}
