@@ -176,8 +176,9 @@ def _is_audio_column(dataset: Any, column: str) -> bool:
 
 
 @checks("collate", reads=BATCH)
-def check_sampling_rate(pipeline: Pipeline) -> None:
-    """The collator's features of rows stored at another rate than the extractor's are made of resampled audio."""
+def check_sampling_rate(pipeline: Pipeline, notes: list[str] | None = None) -> None:
+    """The collator's features of rows stored at another rate than the extractor's are made of resampled audio; where
+    no row's audio can be read as stored, `notes` gets a line saying so."""
     extractor = extractor_of(pipeline)
     name = getattr(model_facts.base_model(pipeline.model), "main_input_name", None)
     if extractor is None or name not in AUDIO_INPUTS:
@@ -187,6 +188,7 @@ def check_sampling_rate(pipeline: Pipeline) -> None:
     split = pipeline.training
     count = len(split)
     heard: list[tuple[int, str, int]] = []
+    compared = 0
     decoded = False  # an Audio column, which decodes at the rate it is cast to
     for position in sorted({int(index) for index in np.linspace(0, count - 1, min(ROWS, count))} if count else []):
         sample = split.samples([position])[0]
@@ -195,6 +197,7 @@ def check_sampling_rate(pipeline: Pipeline) -> None:
         if found is None:
             continue
         column, samples, rate = found
+        compared += 1
         if abs(rate - wanted) <= OTHER_RATE * wanted:
             continue
         fed: Any = pipeline.batches.collate([dict(sample)], "cpu").get(name)
@@ -205,6 +208,12 @@ def check_sampling_rate(pipeline: Pipeline) -> None:
         if fed_as_is(fed.detach().float().cpu().numpy()[0].astype(np.float64), as_is, in_rate):
             heard.append((split.row(position), column, rate))
             decoded = _is_audio_column(source, column)
+    if not compared and notes is not None:
+        notes.append(
+            f"not checked: the audio's sampling rate against the {wanted} Hz {type(extractor).__name__} reads: no "
+            "training row holds its audio as stored, nor does a dataset the script's map() made them from row for row "
+            "(one that cut or joined clips)"
+        )
     if not heard:
         return
     rows = ", ".join(str(row) for row, _, _ in heard)

@@ -59,7 +59,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             lambda: check_start_token(pipeline, batch),
             lambda: _raise(check_masked_targets(pipeline, batch)),
             lambda: pixels.check_normalized(pipeline, batch, "training"),
-            lambda: audio.check_sampling_rate(pipeline),
+            lambda: audio.check_sampling_rate(pipeline, result.notes),
             lambda: audio.check_attention_mask(pipeline),
         ]
     )

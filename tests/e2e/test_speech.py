@@ -4,6 +4,8 @@ needs. Each with its correct twin."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pipeline_runs import failures, run_script, write
 
@@ -127,6 +129,30 @@ def test_spectrograms_of_8_khz_audio_read_as_16_khz_fail_collate(project: pytest
 def test_spectrograms_of_resampled_audio_pass(project: pytest.Pytester, drop: str) -> None:
     write(project, "train.py", SPECTROGRAMS.format(speech='resample_poly(np.asarray(row["speech"]), 2, 1)', drop=drop))
     assert failures(run_script(project, STAGES)) == []
+
+
+def test_audio_cut_into_chunks_by_map_is_said_unchecked(project: pytest.Pytester) -> None:
+    """A map() that cuts each clip in two leaves no dataset of as many rows to read the audio in: said, not hidden."""
+    chunks = """
+    def halves(batch):
+        made = {"input_features": [], "label": []}
+        for speech, label in zip(batch["speech"], batch["label"]):
+            for half in (speech[: len(speech) // 2], speech[len(speech) // 2 :]):
+                made["input_features"].append(extractor(half, sampling_rate=16000).input_features[0])
+                made["label"].append(label)
+        return made
+
+    data = data.map(halves, batched=True, remove_columns=data.column_names)"""
+    source = SPECTROGRAMS.format(speech='row["speech"]', drop="").replace("    data = data.map(prepare)", chunks)
+    write(project, "train.py", source)
+    result = run_script(project, STAGES, "--trainer-report=report.json")
+    assert failures(result) == []
+    items = json.loads((project.path / "report.json").read_text())["items"]
+    collate = next(item for item in items if item["stage"] == "collate")
+    assert any(
+        note.startswith("not checked: the audio's sampling rate against the 16000 Hz WhisperFeatureExtractor reads")
+        for note in collate["notes"]
+    )
 
 
 # Waveforms padded by the extractor's pad(), with or without the attention mask, for both feature encoder norms.
