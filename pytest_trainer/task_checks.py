@@ -386,7 +386,6 @@ BY_POSITION = 0.5
 MIN_BY_POSITION = 3
 
 
-@checks("dataset", "eval", reads=SPLIT)
 def _stored_word_ids(
     pipeline: Pipeline, split: FedSplit, tokenizer: Any, table: Any, model_input: str
 ) -> dict[int, list[int | None]]:
@@ -426,6 +425,7 @@ def _stored_word_ids(
     return {}
 
 
+@checks("dataset", "eval", reads=SPLIT)
 def check_word_starts(
     split: FedSplit,
     tokenizer: Any,
