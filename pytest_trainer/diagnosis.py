@@ -55,7 +55,7 @@ class Finding(PipelineFailure):
     blocks = False
 
 
-def together(findings: Sequence[Finding]) -> Finding:
+def combined(findings: Sequence[Finding]) -> Finding:
     """One failure for several findings of a stage: the first cause and fix first, the others below it."""
     first, *others = findings
     details = [*first.details]
@@ -73,7 +73,7 @@ def also(failure: TrainerError, findings: Sequence[Finding]) -> TrainerError:
     if not findings or not isinstance(failure, PipelineFailure):
         return failure
     if isinstance(failure, Finding):
-        return together([failure, *findings])
+        return combined([failure, *findings])
     details = [*failure.details]
     for finding in findings:
         details += [f"also: {finding.cause}", f"  fix: {finding.fix}"]
@@ -92,7 +92,7 @@ def findings_last(checks: Iterable[Callable[[], object]]) -> None:
         except Finding as finding:
             found.append(finding)
     if found:
-        raise together(found)
+        raise combined(found)
 
 
 class InternalError(TrainerError):

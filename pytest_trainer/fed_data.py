@@ -358,7 +358,7 @@ class Batches:
             self._first = {key: value.cpu() if torch.is_tensor(value) else value for key, value in batch.items()}
         return self._first
 
-    def on(self, device: str) -> dict[str, Any]:
+    def first_on(self, device: str) -> dict[str, Any]:
         """The first batch on `device`."""
         return moved(self.first(), device)
 

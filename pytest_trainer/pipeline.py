@@ -161,7 +161,7 @@ class Pipeline:
         if run is None:
             model = self.model_on(device)
             self._starting_weights(model)
-            batch = self.batches.on(device)
+            batch = self.batches.first_on(device)
             if self.family.judged_as == "loss":
                 run = FixedBatchRun(self.trainer, self.loss, model, batch, factor, lambda: self.starting_loss(device))
             else:  # judged by a figure of its own, at the starting weights too
@@ -180,7 +180,9 @@ class Pipeline:
     def starting_loss(self, device: str) -> float:
         """The fixed batch's loss at the starting weights, in eval mode (the forward stage's figure)."""
         if device not in self._start_losses:
-            self._start_losses[device] = checked_loss(self.eval_loss(self._moved(device), self.batches.on(device))[0])
+            self._start_losses[device] = checked_loss(
+                self.eval_loss(self._moved(device), self.batches.first_on(device))[0]
+            )
         return self._start_losses[device]
 
     def remember_starting_loss(self, device: str, value: float) -> None:

@@ -316,7 +316,7 @@ def _marker_names_stages(node: pytest.Item) -> bool:
 @pytest.fixture
 def train_batch(trainer_stage: TrainerStage) -> dict[str, Any]:
     """The first batch of the Trainer's train dataloader (fixed seed), on this item's device."""
-    return trainer_stage.pipeline.batches.on(trainer_stage.device)
+    return trainer_stage.pipeline.batches.first_on(trainer_stage.device)
 
 
 @pytest.fixture

@@ -82,7 +82,7 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
         if deaf is not None:
             findings.append(deaf)
     if findings:
-        raise diagnosis.together(findings)
+        raise diagnosis.combined(findings)
 
 
 def _unended(sampled: Sampled, count: int, findings: list[diagnosis.Finding], notes: list[str]) -> None:

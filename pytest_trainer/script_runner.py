@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from pytest_trainer import commands, frames, stack, user_files
+from pytest_trainer import base_frame, commands, frames, user_files
 from pytest_trainer.commands import Command, CommandError, Launch
 from pytest_trainer.devices import GPU_PRECISION
 from pytest_trainer.diagnosis import ScriptError
@@ -318,7 +318,7 @@ def _call_factory(script: Path, factory: str, capture: _Capture) -> None:
             f"no function {factory!r} in the script",
             f"--trainer-factory names one of its functions: {', '.join(found) or 'it defines none'}",
         )
-    made = stack.call_at_base(function)
+    made = base_frame.call_at_base(function)
     if not isinstance(made, Trainer):
         raise ScriptError(
             script,
@@ -343,7 +343,7 @@ def run_command(command: Command) -> None:
     if command.kind == "entry point":
         module_name, _, attribute = command.target.partition(":")
         function: Any = functools.reduce(getattr, attribute.split("."), importlib.import_module(module_name))
-        code: Any = stack.call_at_base(function)
+        code: Any = base_frame.call_at_base(function)
         if code not in (None, 0):  # the console script passes what its function returns to sys.exit
             raise SystemExit(code)
     elif command.kind == "module":
@@ -376,7 +376,7 @@ def run_script(script: Path, name: str, module_name: str | None = None) -> types
     owner = sys.modules.get(name)
     sys.modules[name] = module
     try:
-        stack.call_at_base(exec, code, module.__dict__)  # where `python train.py` runs it: see `stack`
+        base_frame.call_at_base(exec, code, module.__dict__)  # where `python train.py` runs it: see `base_frame`
     finally:
         if owner is not None:
             sys.modules[name] = owner

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_trainer import heap
+from pytest_trainer import gc_freezer
 from pytest_trainer.commands import Command, Launch
 from pytest_trainer.diagnosis import ScriptError
 from pytest_trainer.plan import blocked_by
@@ -35,7 +35,7 @@ def start_session(config: pytest.Config, settings: Settings) -> TrainerSession:
     session = config.stash[_SESSION] = TrainerSession(settings, config.rootpath)
     # Called before pytest's own plugins configure, so this cleanup runs after theirs: pytest's last garbage
     # collections (unraisable exceptions) still skip the frozen objects.
-    config.add_cleanup(session.heap.thaw)
+    config.add_cleanup(session.freezer.thaw)
     return session
 
 
@@ -57,16 +57,16 @@ class TrainerSession:
         #: What the scripts wrote into the user's tree before train(), put back when the session ends.
         self._written: list[UserFolders] = []
         #: The libraries and the Trainers under test live as long as the session: out of the garbage collector's way.
-        self.heap = heap.Freezer()
+        self.freezer = gc_freezer.Freezer()
         self._imported = False
 
     def import_libraries(self) -> None:
         """Import torch and transformers, which every stage needs, before the first one runs (once, the collector off:
-        see `heap`)."""
+        see `gc_freezer`)."""
         if not self._imported:
             self._imported = True
             try:
-                self.heap.import_quietly("transformers.trainer")
+                self.freezer.import_quietly("transformers.trainer")
             except Exception:  # a broken install: the load item imports it again and says so, as a failure of its own
                 return
 
@@ -148,7 +148,7 @@ class TrainerSession:
     def _pipeline(self, trainer: Any, name: str) -> Pipeline:
         from pytest_trainer.pipeline import Pipeline
 
-        self.heap.freeze()  # the Trainer and what its script made stay alive until the session ends
+        self.freezer.freeze()  # the Trainer and what its script made stay alive until the session ends
         return Pipeline(trainer, name, self.settings)
 
     def blocker(self, key: str, device: str, stage: str) -> str | None:

@@ -55,7 +55,7 @@ def check_prompt_as_asked(asked: Asked) -> None:
     for row in asked.rows:
         if _cut(asked, row) or _doubled(asked, row):
             continue  # a row cut by truncation may have lost its start; a doubled BOS has its own finding
-        prompt = asked.asked(row)
+        prompt = asked.prompt_for(row)
         if not prompt:
             continue
         ids = [int(token) for token in row.ids[: len(prompt)]]

@@ -261,7 +261,7 @@ class Asked:
             return list(prompt), completion[0]
         return None
 
-    def asked(self, row: Row) -> list[int] | None:
+    def prompt_for(self, row: Row) -> list[int] | None:
         """The token ids inference gives the model for this row's answer: the chat template's prompt with the
         generation header, as `apply_chat_template(messages[:-1], add_generation_prompt=True)` makes it."""
         found = self.conversation(row)

@@ -322,7 +322,7 @@ def reloaded(pipeline: Pipeline, records: list[dict[str, Any]], job: Job) -> lis
         with diagnosis.pipeline_part("reloading the checkpoint the distributed run saved"):
             trainer._load_from_checkpoint(str(checkpoint))
         if trained is not None:
-            loss = float(pipeline.eval_loss(model, pipeline.batches.on("cpu"))[0])
+            loss = float(pipeline.eval_loss(model, pipeline.batches.first_on("cpu"))[0])
             if not _close(loss, trained):
                 raise diagnosis.Finding(
                     f"the checkpoint {checkpoint.name} does not reload to the trained weights: the fixed batch's loss "

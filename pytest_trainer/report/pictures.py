@@ -58,7 +58,7 @@ def trained_and_asked(asked: Asked, rows: int = 2) -> list[RowPicture]:
         return []
     shown: list[RowPicture] = []
     for row in asked.rows:
-        prompt = asked.asked(row)
+        prompt = asked.prompt_for(row)
         if prompt is None:
             continue
         ids = [int(token) for token in row.ids[:TOKENS]]

@@ -21,7 +21,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     import torch
 
     model = pipeline.model_on(device)
-    batch = pipeline.batches.on(device)
+    batch = pipeline.batches.first_on(device)
     trainable = [(name, parameter) for name, parameter in model.named_parameters() if parameter.requires_grad]
     if not trainable:
         raise diagnosis.PipelineFailure(
@@ -69,7 +69,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         if found is not None
     ]
     if findings:
-        raise diagnosis.together(findings)
+        raise diagnosis.combined(findings)
     notes.insert(0, f"trainable: {trainable_parts([name for name, _ in trainable])}")
     norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gradients.values()])))
     return StageResult(
@@ -220,7 +220,7 @@ def check_accumulation(pipeline: Pipeline, model: Any, device: str) -> diagnosis
     trainer = pipeline.trainer
     if int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1) <= 1 or pipeline.family.unsplittable:
         return None
-    batch = pipeline.batches.on(device)
+    batch = pipeline.batches.first_on(device)
     rows = accumulation.rows_of(batch)
     if rows is not None and rows < 2 and len(pipeline.training) > 1:  # one row a batch: collate a few together
         count = min(len(pipeline.training), int(trainer.args.gradient_accumulation_steps))

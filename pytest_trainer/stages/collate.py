@@ -35,7 +35,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     vision_text.check_images_kept(pipeline, batch)
     fed_checks.check_batch_tokens(pipeline, batch)
-    on_device = pipeline.batches.on(device)
+    on_device = pipeline.batches.first_on(device)
     main = batch.get(pipeline.task.sequence or "")
     sizes = [
         len(value)

@@ -62,7 +62,7 @@ def _overlaps(pipeline: Pipeline) -> list[str]:
         except diagnosis.Finding as finding:
             findings.append(finding)
     if findings:
-        found = diagnosis.together(findings)
+        found = diagnosis.combined(findings)
         shown = [f"note: {note.removeprefix(overlap.SUMMARY).strip()}" for note in notes]
         raise diagnosis.Finding(found.cause, found.fix, [*found.details, *shown])
     return notes

@@ -64,7 +64,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             pipeline.settings.model,
         )
         job.folder.mkdir(exist_ok=True)
-        torch.save(pipeline.batches.on("cpu"), job.batch)
+        torch.save(pipeline.batches.first_on("cpu"), job.batch)
         timeout = pipeline.settings.timeout * SHARE if pipeline.settings.timeout else TIMEOUT
         ranks = processes.run(job, timeout)
         result.figures["distributed_seconds"] = round(ranks.seconds, 2)

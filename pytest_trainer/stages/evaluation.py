@@ -127,7 +127,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         result.notes.append(f"the trainer's evaluator returned {', '.join(sorted(evaluated)) or 'no number'}")
     result.notes.extend([note] if note else [])
     if found:
-        raise with_pictures(diagnosis.together(found), result)
+        raise with_pictures(diagnosis.combined(found), result)
     return result
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
     model = pipeline.model_on(device)
-    batch = pipeline.batches.on(device)
+    batch = pipeline.batches.first_on(device)
     loss, outputs = pipeline.eval_loss(model, batch)
     value = checked_loss(loss)
     pipeline.remember_starting_loss(device, value)

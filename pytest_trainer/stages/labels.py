@@ -29,7 +29,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     from hypothesis import strategies as st
 
     from pytest_trainer import strategies
-    from pytest_trainer.search import search
+    from pytest_trainer.property_runs import search
 
     domain = strategies.label_domain(pipeline)
     column = pipeline.label_column(pipeline.training.table)

@@ -30,7 +30,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
     from pytest_trainer import strategies
     from pytest_trainer.explanations import pipeline_rows
-    from pytest_trainer.search import search
+    from pytest_trainer.property_runs import search
 
     strategies.require_sequences(pipeline)
     model_input = pipeline.task.sequence or ""

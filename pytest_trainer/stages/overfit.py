@@ -77,7 +77,7 @@ def _steps(count: int) -> str:
 def run(pipeline: Pipeline, device: str) -> StageResult:
     first = _attempt(pipeline, device)
     measured = schema.Overfit(first.before, first.after, len(first.curve), float(first.rate))
-    result = StageResult("overfit", device, batch=pipeline.batches.on(device), measured=measured)
+    result = StageResult("overfit", device, batch=pipeline.batches.first_on(device), measured=measured)
     result.notes.append(f"steps used the peak learning rate {first.rate:g}, without the schedule")
     result.loss = first.after
     curve = result.pictures["loss_curve"] = schema.LossCurve(what=first.what, tries=[first.picture()])

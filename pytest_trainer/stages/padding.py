@@ -31,7 +31,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     import pytest
 
     from pytest_trainer import fed_data, strategies
-    from pytest_trainer.search import search
+    from pytest_trainer.property_runs import search
 
     if pipeline.family.padded_by_library:
         pipeline.model_on(device).eval()

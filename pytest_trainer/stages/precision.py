@@ -58,7 +58,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         )
     if mixed is None:
         return result
-    batch = pipeline.batches.on(device)
+    batch = pipeline.batches.first_on(device)
     if mixed == "fp16" and pipeline.twins:
         result.notes.append(
             "not checked: whether the checkpoint's trained activations overflow fp16 (the twin's random weights say "

@@ -190,7 +190,7 @@ def test_process_state_is_restored_after_the_script(project: pytest.Pytester) ->
 
 @pytest.mark.parametrize("frozen_before", [False, True], ids=["collector-free", "frozen-by-the-process"])
 def test_a_run_leaves_the_garbage_collector_as_it_found_it(project: pytest.Pytester, frozen_before: bool) -> None:
-    """The session keeps the libraries and the Trainer out of the collector while it runs (`heap`); a run inside a
+    """The session keeps the libraries and the Trainer out of the collector while it runs (`gc_freezer`); a run inside a
     process that goes on must leave them collectable, and leave a freeze the process made itself as it was."""
     write(project, "train.py", GOOD_SCRIPT)
     project.makeconftest("""
@@ -220,7 +220,7 @@ def test_a_run_leaves_the_garbage_collector_as_it_found_it(project: pytest.Pytes
 def test_a_transformers_that_does_not_import_fails_the_load_item(
     project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The libraries are imported before the first item runs (`heap`); an install where that import breaks (a
+    """The libraries are imported before the first item runs (`gc_freezer`); an install where that import breaks (a
     package transformers needs, built for another Python) still fails the load item with the error, not every item at
     its setup."""
     write(project, "train.py", GOOD_SCRIPT)

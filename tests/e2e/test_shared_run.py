@@ -10,7 +10,7 @@ import torch
 from hypothesis import strategies as st
 from pipeline_runs import GOOD_SCRIPT, write
 
-from pytest_trainer.search import search
+from pytest_trainer.property_runs import search
 from pytest_trainer.stages.save import first_rows
 from pytest_trainer.training import SavedWeights, non_finite
 

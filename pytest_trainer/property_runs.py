@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_trainer import heap
+from pytest_trainer import gc_freezer
 
 
 def search(
@@ -72,7 +72,7 @@ def _search(
     for value in explicit:
         prop = example(value)(prop)
     prop.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
-    with heap.frozen():  # hypothesis collects garbage once per thread: not over what torch and the script made
+    with gc_freezer.frozen():  # hypothesis collects garbage once per thread: not over what torch and the script made
         if check_all is not None:
             seed(random.SystemRandom().getrandbits(64))(prop)  # both passes draw the same examples; random untouched
             drawn: list[Any] = []

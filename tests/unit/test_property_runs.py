@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import strategies as st
 
-from pytest_trainer.search import search
+from pytest_trainer.property_runs import search
 
 
 @pytest.fixture

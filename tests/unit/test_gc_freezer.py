@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_trainer import heap
+from pytest_trainer import gc_freezer
 
 DEFAULT_THRESHOLDS = gc.get_threshold()
 
@@ -22,7 +22,7 @@ def nothing_frozen() -> Iterator[None]:
 
 
 def test_a_session_freezes_what_is_alive_and_thaws_it() -> None:
-    freezer = heap.Freezer()
+    freezer = gc_freezer.Freezer()
     kept = [object() for _ in range(10)]
     freezer.freeze()
     assert gc.get_freeze_count() >= len(kept)
@@ -32,7 +32,7 @@ def test_a_session_freezes_what_is_alive_and_thaws_it() -> None:
 
 def test_a_session_leaves_a_freeze_it_did_not_make() -> None:
     gc.freeze()
-    freezer = heap.Freezer()
+    freezer = gc_freezer.Freezer()
     freezer.freeze()
     freezer.import_quietly("json")
     freezer.thaw()
@@ -47,7 +47,7 @@ def test_libraries_are_imported_with_the_collector_off_and_frozen() -> None:
         seen.append(phase)  # a collection while the import runs
 
     sys.modules.pop("wave", None)  # so that the import runs again
-    freezer = heap.Freezer()
+    freezer = gc_freezer.Freezer()
     gc.callbacks.append(during)
     try:
         gc.set_threshold(1)  # any allocation would collect, were the collector on
@@ -62,11 +62,11 @@ def test_libraries_are_imported_with_the_collector_off_and_frozen() -> None:
 
 
 def test_a_block_runs_with_the_objects_alive_frozen_and_puts_them_back() -> None:
-    with heap.frozen():
+    with gc_freezer.frozen():
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
     gc.freeze()
-    with heap.frozen():
+    with gc_freezer.frozen():
         pass
     assert gc.get_freeze_count() > 0  # the outer freeze stands
 
@@ -75,7 +75,7 @@ def test_garbage_made_before_a_freeze_is_collected_not_frozen_alive() -> None:
     class Node:
         pass
 
-    freezer = heap.Freezer()
+    freezer = gc_freezer.Freezer()
     node = Node()
     node.self = node  # type: ignore[attr-defined]  # a cycle: only the collector frees it
     dead = weakref.ref(node)
