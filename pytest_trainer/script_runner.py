@@ -622,6 +622,32 @@ def sandbox_arguments(args: Any, sandbox: Sandbox) -> None:
     args.dataloader_pin_memory = False
 
 
+#: Dropped columns that the checks read back against the rows made from them: a question (its answers with it) and a
+#: sampling rate. Audio and word lists are told by their features.
+READ_BACK = ("question", "sampling_rate")
+
+
+def kept_as_stored(dataset: Any, dropped: set[str]) -> bool:
+    """Whether a dataset whose columns `dropped` a map() turned into others holds what a check reads back: audio (an
+    Audio feature, values with an array, or arrays beside a sampling_rate column), word lists (sequences of strings),
+    or a column of READ_BACK. Any other is let go, so that the text a map() tokenized is not kept alive."""
+    import datasets
+
+    features = getattr(dataset, "features", None) or {}
+    for name in dropped:
+        feature = features.get(name)
+        inner = getattr(feature, "feature", None)
+        if (
+            name in READ_BACK
+            or isinstance(feature, datasets.Audio)
+            or (isinstance(feature, dict) and "array" in feature)
+            or getattr(inner, "dtype", None) in ("string", "large_string")
+            or ("sampling_rate" in features and str(getattr(inner, "dtype", "")).startswith("float"))
+        ):
+            return True
+    return False
+
+
 @contextmanager
 def _mapped_datasets(capture: _Capture) -> Iterator[None]:
     """Keep each dataset a map() turned into one of as many rows without some of its columns (audio turned into
@@ -634,7 +660,7 @@ def _mapped_datasets(capture: _Capture) -> Iterator[None]:
     def map(self: Any, *args: Any, **kwargs: Any) -> Any:
         made = original(self, *args, **kwargs)
         dropped = set(self.column_names) - set(getattr(made, "column_names", None) or ())
-        if isinstance(made, datasets.Dataset) and len(made) == len(self) and dropped:
+        if isinstance(made, datasets.Dataset) and len(made) == len(self) and kept_as_stored(self, dropped):
             capture.sources.append(self)
         return made
 

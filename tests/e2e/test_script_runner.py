@@ -662,3 +662,24 @@ def test_what_the_libraries_warn_of_while_the_trainer_is_built_is_kept(
         result.stdout.fnmatch_lines([said])
     else:
         result.stdout.no_fnmatch_line(said)
+
+
+@pytest.mark.parametrize(
+    ("columns", "dropped", "kept"),
+    [
+        ({"text": ["a b"], "label": [0]}, {"text"}, False),  # tokenized text: let go
+        ({"speech": [[0.1, 0.2]], "sampling_rate": [8000]}, {"speech"}, True),
+        ({"audio": [{"array": [0.1], "sampling_rate": 8000}]}, {"audio"}, True),
+        ({"tokens": [["a", "b"]], "tags": [[0, 1]]}, {"tokens", "tags"}, True),
+        ({"question": ["q"], "context": ["c"]}, {"question", "context"}, True),
+    ],
+    ids=["text", "arrays-beside-a-rate", "audio-values", "word-lists", "questions"],
+)
+def test_a_mapped_dataset_is_kept_only_for_what_the_checks_read_back(
+    columns: dict[str, list[object]], dropped: set[str], kept: bool
+) -> None:
+    from datasets import Dataset
+
+    from pytest_trainer.script_runner import kept_as_stored
+
+    assert kept_as_stored(Dataset.from_dict(columns), dropped) is kept
