@@ -234,7 +234,9 @@ def _question_side(
         question = _plain(str(values_.get("question") or ""))
         for side in (0, 1):
             try:
-                text = _plain(str(tokenizer.decode([ids[row][index] for index in pair[side]])))
+                text = _plain(
+                    str(tokenizer.decode([ids[row][index] for index in pair[side]], skip_special_tokens=True))
+                )
             except Exception:
                 return None
             if text and (text == question or (len(text) >= len(question) / 2 and text in question)):
