@@ -2,8 +2,8 @@
 
 Pinned: each SCRIPT row turns the error transformers, TRL or PEFT raises while a script builds its Trainer into a
 cause that names the script's own settings and a fix that the library then accepts; an error no row knows keeps its
-own message (None); every row of the table is documented (name, the message users see, the stage it surfaces in), and
-a row's pattern matches the message it shows where that message is the library's literal one.
+own message (None). The table as data (every row documented, its pattern matching the message it shows) is in
+tests/unit/test_explanations.py.
 """
 
 from __future__ import annotations
@@ -28,17 +28,8 @@ from transformers import (
     TrainingArguments,
 )
 
-from pytest_trainer import explanations
 from pytest_trainer.explanations import script_rows
-from pytest_trainer.explanations.registry import PIPELINE, SCRIPT, Explained, Row
-from pytest_trainer.stages import registry
-
-#: Rows whose `seen` text is cut short of the part of the message their pattern needs (the README shows the start
-#: of the message only); their patterns are checked against the libraries' real messages below instead.
-SEEN_CUT_SHORT = {
-    "load_best_model_at_end with save and eval at different times",
-    "load_best_model_at_end with save steps not a multiple of eval steps",
-}
+from pytest_trainer.explanations.registry import Explained
 
 
 def raised(build: Any) -> BaseException:
@@ -304,52 +295,3 @@ def test_grpo_fix_generation_batch_size_is_accepted(tmp_path: Path) -> None:
         num_generations=8,
         generation_batch_size=int(suggested("generation_batch_size", found.fix)),
     )
-
-
-# ---- the table itself -----------------------------------------------------------------------------------------
-
-
-ROWS = explanations.table_rows()
-
-
-def message_of(seen: str) -> str:
-    """The message as `str(error)` gives it: the seen text without its leading exception type."""
-    return re.sub(r"^\w+(Error|Exception): ", "", seen)
-
-
-def test_table_holds_every_pipeline_row_then_every_script_row() -> None:
-    assert list(ROWS) == [*PIPELINE, *SCRIPT]
-    assert PIPELINE and SCRIPT
-
-
-def test_row_names_are_distinct() -> None:
-    names = [row.name for row in ROWS]
-    assert len(names) == len(set(names))
-
-
-@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
-def test_every_row_shows_its_message_and_the_stage_it_surfaces_in(row: Row) -> None:
-    assert row.name.strip()
-    assert row.seen.strip()
-    assert row.stage in registry()
-
-
-@pytest.mark.parametrize("row", SCRIPT, ids=lambda row: row.name)
-def test_script_rows_surface_while_the_script_loads(row: Row) -> None:
-    assert row.stage == "load"
-
-
-@pytest.mark.parametrize(
-    "row", [row for row in ROWS if row.pattern.pattern and row.name not in SEEN_CUT_SHORT], ids=lambda row: row.name
-)
-def test_a_row_s_pattern_matches_the_message_it_shows(row: Row) -> None:
-    assert row.pattern.search(message_of(row.seen)), f"{row.pattern.pattern!r} misses {row.seen!r}"
-
-
-def test_rows_whose_seen_text_is_cut_short_are_still_in_the_table_and_still_cut_short() -> None:
-    by_name = {row.name: row for row in ROWS}
-    for name in SEEN_CUT_SHORT:
-        assert name in by_name, f"{name!r} is no longer a row: drop it from SEEN_CUT_SHORT"
-        assert not by_name[name].pattern.search(message_of(by_name[name].seen)), (
-            f"{name!r} now matches its seen text: drop it from SEEN_CUT_SHORT"
-        )

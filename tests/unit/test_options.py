@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_trainer import devices, options
+from pytest_trainer import options
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES
 from pytest_trainer.settings import Settings
 
@@ -76,18 +76,6 @@ def test_stages_ignore_blanks_and_repeats(pytester: pytest.Pytester) -> None:
 
 def test_devices_keep_the_canonical_order() -> None:
     assert options.parse_choices("cuda,cpu", DEVICES, "--trainer-devices") == ("cpu", "cuda")
-
-
-@pytest.mark.skipif(devices.unavailable_reason("cuda") is None, reason="this machine has CUDA: nothing is missing")
-@pytest.mark.parametrize("given", ["--trainer-devices=cuda", "--trainer-devices=cpu,cuda", "ini"])
-def test_a_named_device_this_machine_lacks_is_a_usage_error(pytester: pytest.Pytester, given: str) -> None:
-    if given == "ini":
-        ini(pytester, trainer_devices="cuda")
-    message = usage_error(pytester, *([given] if given != "ini" else []))
-    source = "trainer_devices in " if given == "ini" else "--trainer-devices on the command line"
-    assert message.startswith(f"{source}") and " asks for cuda, but CUDA is not available on this machine" in message
-    assert "--trainer-devices=cpu" in message
-    assert resolved(pytester, "--trainer-devices=cpu").devices == ("cpu",)
 
 
 def test_unknown_stage_on_the_command_line_names_the_option_and_the_allowed_stages(pytester: pytest.Pytester) -> None:
