@@ -31,11 +31,12 @@ def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
         return
     values, row_of = tables.flatten(table, column)
     counts, _ = tables.lengths(table, column)
-    found = padded_targets(pipeline, values, np.cumsum(counts))
+    shared, pad = target_ends(pipeline)
+    found = padded_targets(values, pad, shared, np.cumsum(counts))
     if found is not None:
         index, count = found
         where = f"row {split.row(row_of(index))} of the {split.description} dataset"
-        if target_ends(pipeline)[0]:
+        if shared:
             where += ", after its end token,"
         raise diagnosis.pad_in_targets(values[index], count, where)
 
@@ -304,16 +305,17 @@ def target_ends(pipeline: Pipeline) -> tuple[bool, int | None]:
     return pad in ends, pad
 
 
-def padded_targets(pipeline: Pipeline, values: np.ndarray, ends: np.ndarray | None = None) -> tuple[int, int] | None:
-    """(first index, count) of the target positions that hold the pad id as padding, or None.
+def padded_targets(
+    values: np.ndarray, pad: int | None, shared: bool, ends: np.ndarray | None = None
+) -> tuple[int, int] | None:
+    """(first index, count) of the target positions that hold the pad id `pad` as padding, or None.
 
     Where the pad id is no real target, every position holding it is padding. Where it is also the end
-    (or start) token, as with Whisper's `<|endoftext|>`, one supervised end token per row is correct and
+    (or start) token (`shared`), as with Whisper's `<|endoftext|>`, one supervised end token per row is correct and
     padding is the run after it: only a pad id right after another one counts. Rows are those of a 2-D
     `values`, or end at the cumulative lengths `ends` of a flat one; a flat one without `ends` is taken
-    as one sequence.
+    as one sequence (`target_ends` gives `shared` and `pad` as the pipeline's tokenizer and model say).
     """
-    shared, pad = target_ends(pipeline)
     if pad is None or values.dtype.kind not in "iu":
         return None
     flat = values.reshape(-1)

@@ -150,16 +150,65 @@ def _masked_by_dataset(sample: Mapping[str, Any], ids: np.ndarray, real: np.ndar
 
 
 class Asked:
-    """The trained rows beside what inference asks: the chat template's prompt, the stop tokens, the truncation."""
+    """The trained rows beside what inference asks: the chat template's prompt, the stop tokens, the truncation.
 
-    def __init__(self, trainer: Any, model: Any, rows: list[Row]) -> None:
-        self.trainer, self.model, self.rows = trainer, model, rows
-        processor = getattr(trainer, "processing_class", None)
+    Built from a Trainer by `of`; the view itself holds facts (the rows, the special token ids, the stop tokens, the
+    truncation setting) and the tokenizer that renders the chat template, so the checks that read no template are
+    tested on rows built by hand (tests/unit/test_asked.py)."""
+
+    def __init__(
+        self,
+        rows: list[Row],
+        tokenizer: Any = None,
+        *,
+        bos: int | None = None,
+        eos: int | None = None,
+        pad: int | None = None,
+        stops: Mapping[int, str] | None = None,
+        packs_samples: bool = False,
+        truncates_at: int | None = None,
+        length_setting: str = "max_length",
+    ) -> None:
+        self.rows = rows
         #: The tokenizer (a multimodal processor holds it), or None.
-        self.tokenizer: Any = getattr(processor, "tokenizer", processor) if processor is not None else None
-        self.bos = _int(getattr(self.tokenizer, "bos_token_id", None))
-        self.eos = _int(getattr(self.tokenizer, "eos_token_id", None))
-        self.pad = _int(getattr(self.tokenizer, "pad_token_id", None))
+        self.tokenizer: Any = tokenizer
+        #: The tokenizer's special token ids.
+        self.bos, self.eos, self.pad = bos, eos, pad
+        #: The tokens generation stops at, each with the setting that says so (None: the tokenizer's eos).
+        self.stops: dict[int, str] = (
+            dict(stops) if stops is not None else ({self.eos: "tokenizer.eos_token"} if self.eos is not None else {})
+        )
+        #: Whether the trainer packs samples into its dataset's rows (TRL's `packing`).
+        self.packs_samples = packs_samples
+        #: The length a setting truncates rows to (the collator's or the arguments' max_length), or None.
+        self.truncates_at = truncates_at
+        #: The setting that truncates the rows, as the user writes it (the framework's own name for it).
+        self.length_setting = length_setting
+
+    @classmethod
+    def of(cls, trainer: Any, model: Any, rows: list[Row]) -> Asked:
+        """The view of `rows` as `trainer` trains `model` on them."""
+        processor = getattr(trainer, "processing_class", None)
+        tokenizer = getattr(processor, "tokenizer", processor) if processor is not None else None
+        truncates_at = next(
+            (
+                value
+                for owner in (trainer.data_collator, trainer.args)
+                if isinstance(value := getattr(owner, "max_length", None), int) and value > 0
+            ),
+            None,
+        )
+        return cls(
+            rows,
+            tokenizer,
+            bos=_int(getattr(tokenizer, "bos_token_id", None)),
+            eos=_int(getattr(tokenizer, "eos_token_id", None)),
+            pad=_int(getattr(tokenizer, "pad_token_id", None)),
+            stops=_model_stops(model),
+            packs_samples=bool(getattr(trainer.args, "packing", False)),
+            truncates_at=truncates_at,
+            length_setting=FRAMEWORK_LENGTHS.get(type(trainer).__module__.split(".")[0], "max_length"),
+        )
 
     @functools.cached_property
     def answers(self) -> list[Row]:
@@ -167,12 +216,11 @@ class Asked:
         a stored conversation; and the row is one sample's, not a chunk of samples packed together with no position_ids
         restart between them (TRL's "wrapped" packing). The other rows are texts (plain language modelling, or
         chunks)."""
-        chunks = bool(getattr(self.trainer.args, "packing", False))  # TRL packs samples into its dataset's rows
         return [
             row
             for row in self.rows
             if row.delimited
-            and not (chunks and not row.segment)
+            and not (self.packs_samples and not row.segment)
             and row.answer_end is not None
             and (row.has_prompt or self.conversation(row) is not None)
         ]
@@ -183,28 +231,11 @@ class Asked:
         return self.template is not None and "generation" in self.template and "endgeneration" in self.template
 
     @functools.cached_property
-    def stops(self) -> dict[int, str]:
-        """The tokens generation stops at, each with the setting that says so: the model's generation config, else
-        its config, else the tokenizer's eos (what `generate` falls back to)."""
-        for owner, name in (
-            (getattr(self.model, "generation_config", None), "generation_config.eos_token_id"),
-            (getattr(self.model, "config", None), "config.eos_token_id"),
-        ):
-            value = getattr(owner, "eos_token_id", None)
-            listed = value if isinstance(value, (list, tuple)) else [value]
-            found = [token for item in listed if (token := _int(item)) is not None]
-            if found:
-                return dict.fromkeys(found, name)
-        return {self.eos: "tokenizer.eos_token"} if self.eos is not None else {}
-
-    @functools.cached_property
     def max_length(self) -> int | None:
         """The length rows are truncated to: as the collator or the trainer's arguments say, else as the rows show it
         (a framework that truncates while it tokenizes: several answers cut off at one same longest length)."""
-        for owner in (self.trainer.data_collator, self.trainer.args):
-            value = getattr(owner, "max_length", None)
-            if isinstance(value, int) and value > 0:
-                return value
+        if self.truncates_at is not None:
+            return self.truncates_at
         whole = [row for row in self.answers if not row.packed]
         longest = max((len(row) for row in whole), default=0)
         open_ended = [
@@ -213,12 +244,6 @@ class Asked:
             if len(row) == longest and row.answer_end == len(row) and int(row.ids[-1]) not in self.stops
         ]
         return longest if len(open_ended) >= TRUNCATED_ROWS else None
-
-    @functools.cached_property
-    def length_setting(self) -> str:
-        """The setting that truncates the rows, as the user writes it (the framework's own name for it)."""
-        root = type(self.trainer).__module__.split(".")[0]
-        return FRAMEWORK_LENGTHS.get(root, "max_length")
 
     @functools.cached_property
     def template(self) -> str | None:
@@ -335,6 +360,21 @@ class Asked:
                 start = end
         shown = " ".join(parts)
         return repr(shown if len(shown) <= limit else shown[:limit] + "...")
+
+
+def _model_stops(model: Any) -> dict[int, str] | None:
+    """The tokens generation stops at, each with the setting that says so: the model's generation config, else its
+    config (None: neither says, and `generate` falls back to the tokenizer's eos)."""
+    for owner, name in (
+        (getattr(model, "generation_config", None), "generation_config.eos_token_id"),
+        (getattr(model, "config", None), "config.eos_token_id"),
+    ):
+        value = getattr(owner, "eos_token_id", None)
+        listed = value if isinstance(value, (list, tuple)) else [value]
+        found = [token for item in listed if (token := _int(item)) is not None]
+        if found:
+            return dict.fromkeys(found, name)
+    return None
 
 
 def _int(value: Any) -> int | None:

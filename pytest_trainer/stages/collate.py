@@ -11,6 +11,8 @@ from pytest_trainer.catalogue import BATCH, checks
 from pytest_trainer.stages.base import Stage, StageResult
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from pytest_trainer.pipeline import Pipeline
 
 
@@ -56,8 +58,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     diagnosis.findings_last(
         [
             lambda: check_target_padding(pipeline, batch),
-            lambda: check_start_token(pipeline, batch),
-            lambda: _raise(check_masked_targets(pipeline, batch)),
+            lambda: _start_token(pipeline, batch),
+            lambda: _masked_targets(pipeline, batch),
             lambda: pixels.check_normalized(pipeline, batch, "training"),
             lambda: audio.check_sampling_rate(pipeline, result.notes),
             lambda: audio.check_attention_mask(pipeline),
@@ -66,21 +68,17 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     return result
 
 
-def _raise(found: diagnosis.Finding | None) -> None:
-    if found is not None:
-        raise found
-
-
 @checks("collate", reads=BATCH)
 def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
     """Seq2seq targets the collator pads with the pad id instead of -100."""
-    from pytest_trainer.task_checks import padded_targets
+    from pytest_trainer.task_checks import padded_targets, target_ends
 
     labels = batch.get("labels")
     if pipeline.task.labels != tasks.DECODER_TARGETS or labels is None or not hasattr(labels, "numpy"):
         return
     values = labels.cpu().numpy()
-    found = padded_targets(pipeline, values)  # rows kept: a pad run does not go on from one row to the next
+    shared, pad = target_ends(pipeline)
+    found = padded_targets(values, pad, shared)  # rows kept: a pad run does not go on from one row to the next
     if found is not None:
         index, count = found
         row = index // values.shape[-1] if values.ndim > 1 else index
@@ -90,30 +88,40 @@ def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
 
 
 @checks("collate", reads=BATCH)
-def check_start_token(pipeline: Pipeline, batch: dict) -> None:
+def check_start_token(labels: np.ndarray, start: int, model: str, token: str) -> None:
     """Seq2seq labels that all begin with the decoder start token, which the model prepends itself.
 
-    An encoder-decoder shifts the labels right behind its `decoder_start_token_id` to make the decoder's inputs. A
-    tokenizer that starts every target with that token (Whisper's `<|startoftranscript|>`) leaves it twice in the
-    inputs, and as the first token to predict: the model learns to write it again after itself.
+    An encoder-decoder shifts the labels right behind its `decoder_start_token_id` (`start`, shown as `token`) to make
+    the decoder's inputs. A tokenizer that starts every target with that token (Whisper's `<|startoftranscript|>`)
+    leaves it twice in the inputs, and as the first token to predict: the model learns to write it again after itself.
     """
+    import numpy as np
+
+    if labels.ndim != 2:
+        return
+    supervised = labels != tasks.IGNORE_INDEX
+    rows = supervised.any(axis=1)
+    if int(rows.sum()) < 2:
+        return
+    firsts = labels[np.arange(labels.shape[0]), supervised.argmax(axis=1)][rows]
+    if not bool((firsts == start).all()):
+        return
+    raise diagnosis.Finding(
+        f"every label row of the first batch ({int(rows.sum())} rows) begins with {token}, the decoder start token "
+        f"that {model} puts before the labels itself when it shifts them right: the decoder is fed it twice and learns "
+        "to write it first, so generation repeats it",
+        "drop it from the labels, in the collator: if (labels[:, 0] == model.config.decoder_start_token_id).all(): "
+        "labels = labels[:, 1:] (or tokenize the targets without it)",
+    )
+
+
+def _start_token(pipeline: Pipeline, batch: dict) -> None:
+    """`check_start_token` on the batch's labels, where the model is an encoder-decoder trained on seq2seq targets."""
     import torch
 
     labels = batch.get("labels")
     start = decoder_start(pipeline.model)
-    if (
-        pipeline.task.labels != tasks.DECODER_TARGETS
-        or start is None
-        or not torch.is_tensor(labels)
-        or labels.dim() != 2
-    ):
-        return
-    supervised = labels != tasks.IGNORE_INDEX
-    rows = supervised.any(dim=1)
-    if int(rows.sum()) < 2:
-        return
-    firsts = labels.gather(1, supervised.int().argmax(dim=1, keepdim=True)).squeeze(1)[rows]
-    if not bool((firsts == start).all()):
+    if pipeline.task.labels != tasks.DECODER_TARGETS or start is None or not torch.is_tensor(labels):
         return
     given = getattr(pipeline.trainer, "processing_class", None)
     tokenizer = getattr(given, "tokenizer", None) or given
@@ -121,13 +129,8 @@ def check_start_token(pipeline: Pipeline, batch: dict) -> None:
         shown = f"{tokenizer.convert_ids_to_tokens(start)!r} (id {start})"  # type: ignore[union-attr]
     except Exception:
         shown = f"id {start}"
-    raise diagnosis.Finding(
-        f"every label row of the first batch ({int(rows.sum())} rows) begins with {shown}, the decoder start token "
-        f"that {type(model_facts.base_model(pipeline.model)).__name__} puts before the labels itself when it shifts "
-        "them right: the decoder is fed it twice and learns to write it first, so generation repeats it",
-        "drop it from the labels, in the collator: if (labels[:, 0] == model.config.decoder_start_token_id).all(): "
-        "labels = labels[:, 1:] (or tokenize the targets without it)",
-    )
+    model = type(model_facts.base_model(pipeline.model)).__name__
+    check_start_token(labels.detach().cpu().numpy(), start, model, shown)
 
 
 def decoder_start(model: object) -> int | None:
@@ -144,47 +147,55 @@ def decoder_start(model: object) -> int | None:
 
 
 @checks("collate", reads=BATCH)
-def check_masked_targets(pipeline: Pipeline, batch: dict) -> diagnosis.Finding | None:
+def check_masked_targets(
+    labels: np.ndarray, ids: np.ndarray, mask: np.ndarray | None, model: str, collator: str | None
+) -> diagnosis.Finding | None:
     """A masked language model whose labels are its inputs learns to copy the token it sees, not to predict hidden ones.
 
     With masking, the supervised positions are a sample (mlm_probability) of the tokens, most of them replaced by the
     mask token in the inputs; with none (mlm=False, or a labels column copied from input_ids) every real token is
-    supervised with itself as the target.
+    supervised with itself as the target. `collator` names a collator that was told not to mask (mlm=False), else
+    None.
     """
-    import torch
+    import numpy as np
 
-    task = pipeline.task
-    labels, ids = batch.get("labels"), batch.get(task.sequence or "")
-    if (
-        task.labels != tasks.TOKEN_IDS
-        or task.shifts_labels
-        or not torch.is_tensor(labels)
-        or not torch.is_tensor(ids)
-        or labels.shape != ids.shape
-    ):
+    if labels.shape != ids.shape:
         return None
     supervised = labels != tasks.IGNORE_INDEX
-    mask = batch.get("attention_mask")
-    real = mask.bool() if torch.is_tensor(mask) and mask.shape == ids.shape else torch.ones_like(supervised)
+    real = mask.astype(bool) if mask is not None and mask.shape == ids.shape else np.ones_like(supervised)
     count, tokens = int(supervised.sum()), int(real.sum())
     # Masking supervises a sample of the tokens and changes most of them; copying supervises them all, unchanged.
     if count < 2 or count * 2 < tokens or not bool((labels[supervised] == ids[supervised]).all()):
         return None
-    collator = pipeline.trainer.data_collator
-    copies = getattr(collator, "mlm", True) is False
-    made = (
-        f"{type(collator).__name__}(mlm=False) copies input_ids into labels"
-        if copies
-        else "the labels are a copy of input_ids"
-    )
+    made = f"{collator}(mlm=False) copies input_ids into labels" if collator else "the labels are a copy of input_ids"
     return diagnosis.Finding(
-        f"a masked language model ({type(model_facts.base_model(pipeline.model)).__name__}) is trained on unmasked "
-        f"labels: {made}, so in the first batch all {count} supervised tokens are the input tokens themselves and none "
-        "is masked; the model learns to copy what it sees (the loss falls fast), not to predict hidden tokens",
-        ("mask the inputs: " if copies else "drop the labels column and mask the inputs: ")
+        f"a masked language model ({model}) is trained on unmasked labels: {made}, so in the first batch all {count} "
+        "supervised tokens are the input tokens themselves and none is masked; the model learns to copy what it sees "
+        "(the loss falls fast), not to predict hidden tokens",
+        ("mask the inputs: " if collator else "drop the labels column and mask the inputs: ")
         + "data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True) (mlm_probability=0.15 by default), "
         "which replaces a sample of the tokens by the mask token and supervises only those",
     )
+
+
+def _masked_targets(pipeline: Pipeline, batch: dict) -> None:
+    """`check_masked_targets` on the batch, where the model is a masked language model."""
+    import torch
+
+    task = pipeline.task
+    labels, ids, mask = (batch.get(key) for key in ("labels", task.sequence or "", "attention_mask"))
+    if task.labels != tasks.TOKEN_IDS or task.shifts_labels or not torch.is_tensor(labels) or not torch.is_tensor(ids):
+        return
+    collator = pipeline.trainer.data_collator
+    found = check_masked_targets(
+        labels.detach().cpu().numpy(),
+        ids.detach().cpu().numpy(),
+        mask.detach().cpu().numpy() if torch.is_tensor(mask) else None,
+        type(model_facts.base_model(pipeline.model)).__name__,
+        type(collator).__name__ if getattr(collator, "mlm", True) is False else None,
+    )
+    if found is not None:
+        raise found
 
 
 STAGE = Stage("collate", rank=20, run=run, needs=("dataset",))

@@ -53,7 +53,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     ]
     if not rows:
         pytest.skip("the collated batches carry no labels of token ids: the model computes no loss from them to audit")
-    asked = Asked(pipeline.trainer, pipeline.model, rows)
+    asked = Asked.of(pipeline.trainer, pipeline.model, rows)
     supervised = sum(int(row.trained.sum()) for row in rows)
     real = sum(len(row) for row in rows)
     result = StageResult(
@@ -71,7 +71,8 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     result.figures.update(figures)
     result.notes.extend(notes)
     check_rows_supervised(asked)
-    check_shift(pipeline, asked)
+    if pipeline.task.shifts_labels:
+        check_shift(asked, type(pipeline.model).__name__)
     check_prompt_unlabelled(asked)
     from pytest_trainer.report import pictures
 
@@ -123,7 +124,7 @@ def preferences(pipeline: Pipeline, device: str) -> StageResult:
             "preferences, or a layout this stage does not read)"
         )
     result = StageResult("targets", device, figures={"pairs_audited": float(len(found))})
-    asked = Asked(pipeline.trainer, pipeline.model, [])
+    asked = Asked.of(pipeline.trainer, pipeline.model, [])
     pairs.check_pairs_differ(found, asked.max_length, asked.text, result.notes)
     result.figures["pairs_the_same"] = float(sum(chosen == rejected for chosen, rejected, _ in found))
     return result
@@ -170,12 +171,12 @@ def check_rows_supervised(asked: Asked) -> None:
 
 
 @checks("targets", reads=BATCH)
-def check_shift(pipeline: Pipeline, asked: Asked) -> None:
-    """Causal-LM labels are the inputs themselves, which the model shifts: shifted twice, it learns the next but one."""
+def check_shift(asked: Asked, model: str) -> None:
+    """Causal-LM labels are the inputs themselves, which the model shifts: shifted twice, it learns the next but one.
+
+    `model` is the name of the model's class, which shifts the labels itself."""
     import numpy as np
 
-    if not pipeline.task.shifts_labels:
-        return
     rows = asked.rows
     same = ahead = count = 0
     for row in rows:
@@ -187,7 +188,7 @@ def check_shift(pipeline: Pipeline, asked: Asked) -> None:
         row = next(row for row in rows if row.trained.any())
         raise diagnosis.PipelineFailure(
             f"the labels are the inputs shifted left by one ({ahead} of {count} supervised labels equal the next "
-            f"input token), but {type(pipeline.model).__name__} shifts them itself: it is trained to predict the "
+            f"input token), but {model} shifts them itself: it is trained to predict the "
             "token after next",
             "set labels = input_ids (a copy, -100 on padding); DataCollatorForLanguageModeling(tokenizer, mlm=False) "
             "does this",

@@ -493,45 +493,6 @@ def test_rows_cut_at_their_start_lose_the_question(chat_project: pytest.Pytester
     result.stdout.no_fnmatch_line("*before their end*")  # the answers are whole
 
 
-def test_pairs_are_read_from_stacked_rows_and_from_keys_side_by_side() -> None:
-    """TRL 1.x stacks every chosen row above every rejected row with a completion_mask; older TRL and reward
-    trainers put chosen and rejected side by side (recorded shapes)."""
-    import numpy as np
-
-    from pytest_trainer import diagnosis
-    from pytest_trainer.asked import pairs
-
-    ids = np.array([[5, 6, 7, 0], [5, 8, 9, 9], [5, 6, 7, 0], [5, 8, 9, 4]])
-    completion = np.array([[0, 1, 1, 0], [0, 1, 1, 1], [0, 1, 1, 0], [0, 1, 1, 1]])
-    stacked = pairs.answers({"input_ids": ids, "completion_mask": completion}, 2)
-    assert stacked == [([6, 7], [6, 7]), ([8, 9, 9], [8, 9, 4])]
-    side = pairs.answers(
-        {
-            "input_ids_chosen": ids[:2],
-            "input_ids_rejected": ids[2:],
-            "attention_mask_chosen": np.ones_like(ids[:2]),
-            "attention_mask_rejected": np.ones_like(ids[2:]),
-        },
-        2,
-    )
-    assert side == [([5, 6, 7, 0], [5, 6, 7, 0]), ([5, 8, 9, 9], [5, 8, 9, 4])]
-    assert pairs.answers({"input_ids": ids}, 3) == []  # rows that are not two per sample: no pairs to read
-
-    notes: list[str] = []
-    found = [
-        (chosen, rejected, {"prompt_ids": [5], "chosen_ids": [6, 7, 1], "rejected_ids": [6, 7, 2]})
-        for chosen, rejected in stacked
-    ]
-    with pytest.raises(
-        diagnosis.Finding,
-        match=r"1 of 2 sampled preference pairs have the same chosen and rejected tokens "
-        r"once cut at max_length=3: they first differ at token 3 to 3",
-    ):
-        pairs.check_pairs_differ(found, 3, str, notes)
-    pairs.check_pairs_differ(found[1:], 3, str, notes)  # no pair the same: a note only
-    assert notes[-1] == "1 of 1 sampled preference pairs differ once truncated"
-
-
 WRAPPED = """
     import lm
     import tiny

@@ -350,22 +350,3 @@ def test_left_padding_for_training_names_the_prediction_made_from_a_pad(lm_proje
         ]
     )
     result.stdout.no_fnmatch_line("*shortest failing row as text: '*[[]PAD[]]*")
-
-
-def test_a_packed_rows_padding_tail_is_not_a_sequence() -> None:
-    """axolotl's multipack pads each packed row to its length and restarts position_ids on the padding too: the
-    padding after the last sequence has no label, and no supervised token is missing from it (recorded shape)."""
-    import numpy as np
-
-    from pytest_trainer.asked.view import rows_of
-
-    pad = 0
-    ids = np.array([[5, 6, 7, 8, 9, 10, pad, pad]])
-    labels = np.array([[-100, 6, 7, -100, 9, 10, -100, -100]])
-    positions = np.array([[0, 1, 2, 0, 1, 2, 0, 1]])
-    batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
-    rows = rows_of(batch, [{}, {}], [], pad)
-    assert [row.ids.tolist() for row in rows] == [[5, 6, 7], [8, 9, 10]]
-    assert all(row.trained.any() for row in rows)
-    # Without the pad id, the tail is a third sequence, and nothing in it is trained.
-    assert len(rows_of(batch, [{}, {}], [])) == 3

@@ -4,12 +4,17 @@ a tiny model saved to a folder and local JSONL data, as their users run them wit
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import trl
-from pipeline_runs import failures, outcomes, write
+from pipeline_runs import TINY, failures, outcomes, write
 from task_scripts import LM
 from trl import GRPOConfig, GRPOTrainer, KTOConfig, KTOTrainer, RLOOConfig, RLOOTrainer  # noqa: F401
 
@@ -55,17 +60,29 @@ REWARDS = """
 GENERATION = "--per_device_train_batch_size 4 --num_generations 4 --max_completion_length 8"
 
 
+@pytest.fixture(scope="session")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder where `make_data.py` saved the model and wrote the data, once for the session (in a process of its
+    own, as a user's script would)."""
+    folder = tmp_path_factory.mktemp("trl_scripts")
+    for name, source in (("tiny.py", TINY), ("lm.py", LM), ("make_data.py", SAVED)):
+        (folder / name).write_text(textwrap.dedent(source))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "make_data.py"], cwd=folder, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
 @pytest.fixture
-def saved(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def saved(project: pytest.Pytester, made: Path, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A tiny Llama and its tokenizer saved in `model/`, prompts in `chat/`, `plain/` and `kto/`, rewards in
     `my_rewards.py`."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     project.makepyfile(lm=LM)
-    write(project, "make_data.py", SAVED)
+    for folder in ("model", "chat", "plain", "kto"):
+        shutil.copytree(made / folder, project.path / folder)
     write(project, "my_rewards.py", REWARDS)
-    made = project.runpython(project.path / "make_data.py")
-    assert made.ret == 0, made.stderr.str()
     return project
 
 
