@@ -4,7 +4,8 @@
     def check_start_token(pipeline, batch): ...
 
 A check is a function that finds a defect: it raises (or returns) a `diagnosis.Finding` for one that spoils training
-or a `diagnosis.PipelineFailure` for one that breaks it, with the cause in the user's terms and the fix. Its private
+or a `diagnosis.PipelineFailure` for one that breaks it, with the cause in the user's terms and the fix. A message that
+several checks raise is built by a function beside them declared `@message`. Its private
 helpers in the same module are parts of it; a stage's `run` is declared by its `STAGE`. `declared()` lists them all
 (docs/checks.md is written from it), and tests/unit/test_catalogue.py fails on a check that is not declared.
 """
@@ -71,6 +72,12 @@ def checks(*stages: str, reads: str) -> Callable[[F], F]:
         return function
 
     return declare
+
+
+def message(function: F) -> F:
+    """Declare the decorated function a message builder: it words the failure the checks beside it raise, from the
+    facts they found (a row, a count, a width), and reads no subject itself, so it is no check."""
+    return function
 
 
 def declared() -> list[Check]:

@@ -9,13 +9,13 @@ is checked on rows spread over it. Each check names the first bad row by its ind
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pytest_trainer import diagnosis, fed_data, model_facts, tables, task_checks, tasks
-from pytest_trainer.catalogue import BATCH, SPLIT, checks
+from pytest_trainer.catalogue import BATCH, SPLIT, checks, message
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -66,15 +66,15 @@ def fed_table(pipeline: Pipeline, split: FedSplit) -> pa.Table:
         if images is not None:
             raise images from error
         if text and pipeline.task.conventional:
-            raise diagnosis.untokenized(split.description, text, model_input) from error
+            raise untokenized(split.description, text, model_input) from error
         named = model_facts.unnamed_inputs(pipeline.model)
         if named is not None:
-            raise diagnosis.unnamed_inputs(
+            raise unnamed_inputs(
                 type(model_facts.base_model(pipeline.model)).__name__, named, raw.column_names
             ) from error
         signature = fed_data.signature_columns(pipeline.trainer)
         taken = [name for name in signature if name not in ("args", "kwargs")]
-        raise diagnosis.no_matching_columns(split.description, raw.column_names, taken) from error
+        raise no_matching_columns(split.description, raw.column_names, taken) from error
     except Exception as error:
         raise _transform_failed(split, error) from error
 
@@ -105,8 +105,8 @@ def check_inputs(pipeline: Pipeline, split: FedSplit, table: pa.Table) -> None:
         raw = tables.stored(split.given, 1) if not split.transformed else table
         text = [name for name in raw.column_names if tables.is_text(raw.schema.field(name).type)]
         if text:
-            raise diagnosis.untokenized(split.description, text, model_input)
-        raise diagnosis.missing_input(split.description, model_input, table.column_names)
+            raise untokenized(split.description, text, model_input)
+        raise missing_input(split.description, model_input, table.column_names)
     text = [name for name in table.column_names if tables.is_text(table.schema.field(name).type)]
     if text and model_facts.pads(collator):
         raise diagnosis.PipelineFailure(
@@ -178,7 +178,7 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
                 f"a multiple-choice label is the index of the right choice, 0..{width - 1}: check the label column "
                 "and how the choices were built",
             )
-        raise diagnosis.labels_beyond_head(
+        raise labels_beyond_head(
             int(used.min()),
             int(used.max()),
             width,
@@ -190,7 +190,7 @@ def check_labels(pipeline: Pipeline, split: FedSplit) -> None:
     negative = np.flatnonzero((values < 0) & (values != IGNORE_INDEX))
     if negative.size:
         index = int(negative[0])
-        raise diagnosis.negative_label(int(values[index]), f" in row {row_of(index)} of the {description} dataset")
+        raise negative_label(int(values[index]), f" in row {row_of(index)} of the {description} dataset")
 
 
 def _multi_hot(
@@ -243,7 +243,7 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
         if rows is not None and values.size and values.max() >= rows:
             index = int(np.argmax(values >= rows))
             where = f" in row {split.row(row_of(index))} of the {description} dataset"
-            raise diagnosis.token_beyond_vocabulary(
+            raise token_beyond_vocabulary(
                 int(values[index]), rows, where if column == task.sequence else f"{where} ({column!r})"
             )
     limit = model_facts.position_limit(pipeline.model)
@@ -252,9 +252,7 @@ def check_tokens(pipeline: Pipeline, split: FedSplit) -> None:
     counts = tables.row_lengths(table, task.sequence)
     if counts.size and counts.max() > limit:
         index = int(np.argmax(counts > limit))
-        raise diagnosis.sequence_too_long(
-            int(counts[index]), limit, f" in row {split.row(index)} of the {description} dataset"
-        )
+        raise sequence_too_long(int(counts[index]), limit, f" in row {split.row(index)} of the {description} dataset")
 
 
 @checks("dataset", reads=SPLIT)
@@ -324,7 +322,7 @@ def check_batch_tokens(pipeline: Pipeline, batch: dict) -> None:
         if torch.is_tensor(ids) and not ids.dtype.is_floating_point and ids.numel() and int(ids.max()) >= rows:
             row = int(torch.nonzero(ids >= rows)[0][0])
             where = f" in row {row} of the first batch the collator made ({key!r})"
-            raise diagnosis.token_beyond_vocabulary(int(ids.max()), rows, where)
+            raise token_beyond_vocabulary(int(ids.max()), rows, where)
 
 
 def label_problem(pipeline: Pipeline) -> diagnosis.PipelineFailure | None:
@@ -349,3 +347,117 @@ def _first_failure(action: Callable[[], Any]) -> diagnosis.PipelineFailure | Non
         if diagnosis.part_of(error) is None:
             raise
     return None
+
+
+# ---- the failures these checks raise, in the user's terms ----------------------------------------------------------
+
+
+@message
+def labels_beyond_head(
+    low: int,
+    high: int,
+    width: int,
+    where: str = "",
+    auto_class: str = "AutoModelForSequenceClassification",
+    built_from: str | None = None,
+    column: str | None = None,
+) -> diagnosis.PipelineFailure:
+    """Class ids beyond the head; the fix builds the model as the script does: `from_pretrained`, or from the
+    config class `built_from` (a model trained from scratch). One class id per row in `column`, counted from `low` > 0
+    and fitting the head from 0, is shifted instead: another output would leave classes below `low` without a row."""
+    if column is not None and low > 0 and high - low + 1 == width:
+        return diagnosis.PipelineFailure(
+            f"labels range {low}..{high}: {width} classes counted from {low}, but class ids run from 0 to "
+            f"num_labels - 1, so label {high} is beyond the model's {width} outputs{where}",
+            f"shift the class ids to start at 0 where the labels are made, e.g. dataset = dataset.map(lambda row: "
+            f"{{{column!r}: row[{column!r}] - {low}}}) (another output would leave class 0 without a row)",
+        )
+    classes = high + 1
+    example = (
+        f"{built_from}(..., num_labels={classes})"
+        if built_from
+        else f"{auto_class}.from_pretrained(..., num_labels={classes})"
+    )
+    return diagnosis.PipelineFailure(
+        f"labels range {low}..{high} ({classes} classes) but the model has {width} outputs{where}",
+        f"pass num_labels={classes} when building the model, e.g. {example}",
+    )
+
+
+@message
+def negative_label(value: int, where: str) -> diagnosis.PipelineFailure:
+    return diagnosis.PipelineFailure(
+        f"label {value}{where} is negative: class ids run from 0 to num_labels - 1",
+        "map the labels to 0..C-1 (use -100 only for positions the loss must ignore)",
+    )
+
+
+@message
+def token_beyond_vocabulary(token_id: int, rows: int, where: str) -> diagnosis.PipelineFailure:
+    return diagnosis.PipelineFailure(
+        f"token id {token_id}{where} but the model's input embedding has {rows} rows (ids 0..{rows - 1})",
+        "tokenize with the model's own tokenizer; if you added tokens to it, call "
+        "model.resize_token_embeddings(len(tokenizer)) before building the Trainer",
+    )
+
+
+@message
+def sequence_too_long(length: int, limit: int, where: str) -> diagnosis.PipelineFailure:
+    return diagnosis.PipelineFailure(
+        f"a sequence of {length} tokens{where} but the model has only {limit} positions",
+        f"tokenize with truncation=True (and max_length={limit} or less)",
+    )
+
+
+@message
+def untokenized(split: str, text_columns: Sequence[str], model_input: str) -> diagnosis.PipelineFailure:
+    quoted = ", ".join(repr(name) for name in text_columns)
+    call_args = ", ".join(f'batch["{name}"]' for name in text_columns[:2])
+    return diagnosis.PipelineFailure(
+        f"the {split} dataset has text columns {quoted} but no {model_input!r}: "
+        "the model reads token ids, not text, so the Trainer was given the raw, untokenized split",
+        f"tokenize it first, e.g. tokenized = raw.map(lambda batch: tokenizer({call_args}, truncation=True), "
+        f"batched=True), and pass the tokenized split to the Trainer",
+    )
+
+
+@message
+def no_matching_columns(split: str, columns: Sequence[str], taken: Sequence[str]) -> diagnosis.PipelineFailure:
+    return diagnosis.PipelineFailure(
+        f"no column of the {split} dataset ({', '.join(columns)}) is a parameter of the model's forward "
+        f"({', '.join(taken)}), so the Trainer's remove_unused_columns drops them all",
+        "name the columns after the forward's parameters, or set remove_unused_columns=False in TrainingArguments "
+        "and give the Trainer a data_collator that builds the model's inputs",
+    )
+
+
+@message
+def unnamed_inputs(
+    model: str, parameters: Sequence[str], dropped: Sequence[str], columns: Sequence[str] = ()
+) -> diagnosis.PipelineFailure:
+    """A forward(**inputs) names no input: the Trainer keeps only the columns a forward names, and the labels.
+    `columns` are the split's columns as stored (the fix names them all), `dropped` those the Trainer dropped."""
+    return diagnosis.PipelineFailure(
+        f"{model}.forward({', '.join(parameters)}) names no input: the Trainer keeps only the columns the forward's "
+        f"signature names (and the labels), so it dropped {', '.join(repr(name) for name in dropped)}; without "
+        "'labels' in the signature the evaluation also computes no loss",
+        f"name the inputs: def forward(self, {', '.join(_parameters(columns or dropped))}), or keep every column with "
+        "TrainingArguments(remove_unused_columns=False, label_names=['labels'])",
+    )
+
+
+def _parameters(columns: Sequence[str]) -> list[str]:
+    """The parameters a forward names to take these columns: the labels last (a collator renames 'label')."""
+    labels = {"label", "labels", "label_ids"}
+    inputs = [name for name in columns if name not in labels]
+    return [*inputs, *(["labels=None"] if labels & set(columns) else [])]
+
+
+@message
+def missing_input(split: str, model_input: str, columns: Sequence[str]) -> diagnosis.PipelineFailure:
+    return diagnosis.PipelineFailure(
+        f"the {split} dataset has no {model_input!r} column, which the model needs "
+        f"(columns the Trainer keeps: {', '.join(columns) or 'none'})",
+        f"produce {model_input!r} in your preprocessing, or if the column has another name, "
+        "rename it with dataset.rename_column(...)",
+    )

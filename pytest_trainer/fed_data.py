@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, tables
+from pytest_trainer.catalogue import message
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -414,7 +415,7 @@ class Batches:
                 continue
             counts = tables.row_lengths(first_rows, column)
             if counts.size and np.unique(counts).size > 1:
-                return diagnosis.unpadded(column, counts.tolist(), self.trainer, self._label_collator())
+                return unpadded(column, counts.tolist(), self.trainer, self._label_collator())
         return None
 
 
@@ -448,3 +449,66 @@ def moved(batch: Mapping[str, Any], device: str) -> dict[str, Any]:
     import torch
 
     return {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
+
+
+@message
+def unpadded(
+    column: str, lengths: Sequence[int], trainer: Any, label_collator: str
+) -> diagnosis.PipelineFailure | None:
+    """Samples of unequal lengths that nothing pads; `label_collator` is the collator that pads this task's labels."""
+    shown = ", ".join(str(length) for length in lengths[:8])
+    tokenizer = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
+    if tokenizer is not None and getattr(tokenizer, "pad_token", "") is None:
+        return diagnosis.PipelineFailure(
+            f"samples of different lengths ({column} lengths of the first rows: {shown}) must be padded, "
+            f"but the tokenizer ({type(tokenizer).__name__}) has no pad token",
+            "give it one before building the Trainer: tokenizer.pad_token = tokenizer.eos_token "
+            "(or tokenizer.add_special_tokens({'pad_token': '[PAD]'}) and model.resize_token_embeddings)",
+        )
+    if type(getattr(trainer, "data_collator", None)).__name__ == "DataCollatorWithPadding":
+        return _labels_not_padded(trainer, column, shown, label_collator)
+    return diagnosis.PipelineFailure(
+        f"samples of different lengths ({column} lengths of the first rows: {shown}) reach a collator that "
+        "does not pad them "
+        f"({_collator_name(trainer)})",
+        "pass the tokenizer to the Trainer (processing_class=tokenizer; tokenizer=tokenizer before "
+        "transformers 4.46) or data_collator=DataCollatorWithPadding(tokenizer), or pad when tokenizing",
+    )
+
+
+def _labels_not_padded(trainer: Any, column: str, shown: str, collator: str) -> diagnosis.PipelineFailure | None:
+    """DataCollatorWithPadding pads what the tokenizer makes, never labels: a collator that pads them is the fix."""
+    names = [*(getattr(trainer, "label_names", None) or ["labels"]), "label"]
+    rows = max(2, int(getattr(trainer.args, "train_batch_size", 2)))
+    lengths: list[int] = []
+    label = ""
+    for name in names:
+        try:
+            values = trainer.train_dataset[:rows][name]
+        except Exception:
+            continue
+        if values and all(isinstance(value, list) for value in values):
+            label, lengths = name, [len(value) for value in values]
+            break
+    if label and len(set(lengths)) > 1:
+        return diagnosis.PipelineFailure(
+            f"the {label!r} of the first rows have different lengths ({', '.join(map(str, lengths[:8]))}): "
+            "DataCollatorWithPadding pads the tokenizer's inputs but not labels, so a batch of labels cannot be made",
+            f"use data_collator={collator}, which pads the labels with -100 beside the inputs",
+        )
+    tokenizer = getattr(trainer.data_collator, "tokenizer", None)
+    if column in (getattr(tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"]):
+        return None  # the collator pads it: unequal lengths are not what failed
+    return diagnosis.PipelineFailure(
+        f"samples of different lengths ({column} lengths of the first rows: {shown}) reach DataCollatorWithPadding, "
+        f"which pads only what the tokenizer makes, and {column!r} is not one of them",
+        f"pad {column!r} when preprocessing, or give the Trainer a data_collator of your own that pads it",
+    )
+
+
+def _collator_name(trainer: Any) -> str:
+    collator = trainer.data_collator
+    name = getattr(collator, "__name__", type(collator).__name__)
+    if name == "default_data_collator":
+        return "the Trainer got no tokenizer, so it uses default_data_collator, which only stacks equal lengths"
+    return name

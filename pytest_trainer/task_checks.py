@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_trainer import diagnosis, embeddings, model_facts, tables, tasks
-from pytest_trainer.catalogue import MODEL, SPLIT, checks
+from pytest_trainer.catalogue import MODEL, SPLIT, checks, message
 from pytest_trainer.tasks import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def check_target_padding(pipeline: Pipeline, split: FedSplit) -> None:
         where = f"row {split.row(row_of(index))} of the {split.description} dataset"
         if shared:
             where += ", after its end token,"
-        raise diagnosis.pad_in_targets(values[index], count, where)
+        raise pad_in_targets(values[index], count, where)
 
 
 @checks("dataset", "eval", reads=SPLIT)
@@ -569,3 +569,13 @@ FOR_TASK: dict[str, tuple[Callable[[Pipeline, FedSplit], None], ...]] = {
     tasks.POSITIONS: (check_answer_positions,),
     tasks.EMBEDDING: (check_embedding_columns,),
 }
+
+
+@message
+def pad_in_targets(pad: int, count: int, where: str) -> diagnosis.Finding:
+    return diagnosis.Finding(
+        f"the labels hold the pad id {pad} ({where} and {count} positions in all) instead of -100: the loss "
+        "trains the model to write padding after every target",
+        "set padded label positions to -100: tokenize targets without padding='max_length' and let "
+        "DataCollatorForSeq2Seq pad them (label_pad_token_id=-100), or replace the pad id by -100 in the labels",
+    )

@@ -491,7 +491,9 @@ def _no_matching_columns(match: re.Match[str], error: BaseException, facts: Pipe
             stored = list(facts.training.given.column_names)
         except Exception:
             stored = removed
-        return diagnosis.unnamed_inputs(_model_name(facts), named, removed, stored)
+        from pytest_trainer import fed_checks
+
+        return fed_checks.unnamed_inputs(_model_name(facts), named, removed, stored)
     return None
 
 

@@ -71,7 +71,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 @checks("collate", reads=BATCH)
 def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
     """Seq2seq targets the collator pads with the pad id instead of -100."""
-    from pytest_trainer.task_checks import padded_targets, target_ends
+    from pytest_trainer.task_checks import pad_in_targets, padded_targets, target_ends
 
     labels = batch.get("labels")
     if pipeline.task.labels != tasks.DECODER_TARGETS or labels is None or not hasattr(labels, "numpy"):
@@ -82,9 +82,7 @@ def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
     if found is not None:
         index, count = found
         row = index // values.shape[-1] if values.ndim > 1 else index
-        raise diagnosis.pad_in_targets(
-            int(values.reshape(-1)[index]), count, f"row {row} of the first batch the collator made"
-        )
+        raise pad_in_targets(int(values.reshape(-1)[index]), count, f"row {row} of the first batch the collator made")
 
 
 @checks("collate", reads=BATCH)

@@ -91,7 +91,9 @@ def check_domain_fits_head(pipeline: Pipeline, domain: strategies.LabelDomain) -
         return
     high = max(domain.values)
     if high >= width:
-        raise diagnosis.labels_beyond_head(
+        from pytest_trainer.fed_checks import labels_beyond_head
+
+        raise labels_beyond_head(
             min(domain.values),
             high,
             width,

@@ -64,6 +64,11 @@ def finds_defects(function: ast.FunctionDef) -> bool:
     return False
 
 
+def words_a_message(function: ast.FunctionDef) -> bool:
+    """Whether a function is declared a message builder (`@message`): it words a failure from facts a check found."""
+    return any(isinstance(node, ast.Name) and node.id == "message" for node in function.decorator_list)
+
+
 def declaration(function: ast.FunctionDef) -> ast.Call | None:
     return next(
         (node for node in function.decorator_list if isinstance(node, ast.Call) and _called(node) == "checks"), None
@@ -108,6 +113,8 @@ def candidates() -> list[str]:
     found = []
     for name, function in functions(NOT_CHECKS):
         if function.name.startswith("_") or (name.startswith("stages.") and function.name == "run"):
+            continue
+        if words_a_message(function):
             continue
         if finds_defects(function):
             found.append(name)
@@ -157,6 +164,33 @@ def words():
 """
     found = {node.name: finds_defects(node) for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
     assert found == {"check_rows": True, "judge": True, "builds": False, "explains": False, "words": False}
+
+
+def test_a_message_builder_beside_its_checks_is_declared_as_one() -> None:
+    source = """
+@message
+def label_too_high(label, width):
+    if label > width:
+        return diagnosis.PipelineFailure("cause", "fix")
+    return diagnosis.PipelineFailure("other cause", "fix")
+
+def too_high(label, width):
+    return diagnosis.PipelineFailure("cause", "fix")
+"""
+    nodes = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)]
+    assert [words_a_message(node) for node in nodes] == [True, False]
+    assert all(finds_defects(node) for node in nodes)  # undeclared, the builder would be taken for a check
+
+
+def test_no_error_type_module_words_a_check_s_message() -> None:
+    """`diagnosis` keeps the error types and what every stage uses with them; a message lives beside its check."""
+    tree = ast.parse((PACKAGE / "diagnosis.py").read_text())
+    builders = [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and finds_defects(node)
+    ]
+    assert builders == []
 
 
 @pytest.mark.parametrize("subject", sorted(SUBJECTS))
