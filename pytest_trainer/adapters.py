@@ -9,6 +9,8 @@ embedding rows that stay untrained when the embedding is frozen (LoRA), unless
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 
@@ -171,8 +173,6 @@ def _in_checkpoint(name: str, keys: set[str]) -> bool:
 
 def checkpoint_keys(source: str) -> set[str] | None:
     """The tensor names of the checkpoint at `source` (a folder or a Hub id in the local cache), or None."""
-    import json
-    from pathlib import Path
 
     for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json"):
         path = Path(source) / name if Path(source).is_dir() else _cached(source, name)
@@ -191,7 +191,6 @@ def checkpoint_keys(source: str) -> set[str] | None:
 
 
 def _cached(source: str, name: str) -> Any:
-    from pathlib import Path
 
     try:
         from huggingface_hub import try_to_load_from_cache

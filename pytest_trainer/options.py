@@ -7,6 +7,7 @@ from its default; a bad value is reported with where it came from, so the user k
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import shlex
@@ -125,7 +126,6 @@ def _commands(raw: Raw) -> tuple[Command, ...]:
 
 def _near_miss(path: Path) -> str:
     """ ", did you mean train.py?" for a script of the same folder whose name is close to the one given."""
-    import difflib
 
     folder = path.parent
     if not folder.is_dir():

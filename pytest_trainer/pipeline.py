@@ -11,6 +11,7 @@ import copy
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import adapters, diagnosis, families, fed_data, tasks, training
@@ -30,25 +31,42 @@ if TYPE_CHECKING:
     from pytest_trainer.twin.loading import Twin
 
 
+@dataclass(frozen=True)
+class Origin:
+    """How the Trainer came to be, as the session loaded it: the command and the factory that built it, and what the
+    script runner saw while the script ran. A Trainer from a fixture has the default, empty origin."""
+
+    #: The command (a script, as --trainer-module runs it) that built the Trainer, and the factory called in it.
+    command: Command | None = None
+    factory: str | None = None
+    #: The fsdp_config of a script that asks for FSDP, which this process runs without (None: it asks for none).
+    asked_fsdp: dict[str, Any] | None = None
+    #: The splits --trainer-sample cut as the script loaded them (the run's length is estimated from them).
+    cuts: tuple[Cut, ...] = ()
+    #: The datasets in scope where the script called train(): its data as stored before map() (`script_runner`).
+    sources: tuple[Any, ...] = ()
+    #: Precision settings the script asked for that this machine turned off (bf16 without a GPU, say).
+    asked_precision: frozenset[str] = frozenset()
+    #: The models the script asked for that were built as twins (see `twin.loading`).
+    twins: tuple[Twin, ...] = ()
+    #: Facts about how the pipeline was loaded, for the report (sampling, say).
+    notes: tuple[str, ...] = ()
+
+
 class Pipeline:
     """One Trainer of this process as the stages see it: loaded once, shared by its items."""
 
-    def __init__(self, trainer: Trainer, name: str, settings: Settings | None = None) -> None:
+    def __init__(
+        self, trainer: Trainer, name: str, settings: Settings | None = None, origin: Origin = Origin()
+    ) -> None:
         self.trainer = trainer
         self.name = name
         self.settings = settings or Settings()
-        #: The command (a script, as --trainer-module runs it) that built the Trainer and the factory called in it (None
-        #: for a Trainer from a fixture).
-        self.command: Command | None = None
-        self.factory: str | None = None
-        #: The fsdp_config of a script that asks for FSDP, which this process runs without (None: it asks for none).
-        self.asked_fsdp: dict[str, Any] | None = None
+        self.command, self.factory, self.asked_fsdp = origin.command, origin.factory, origin.asked_fsdp
+        self.cuts, self.sources = origin.cuts, origin.sources
+        self.asked_precision, self.twins = origin.asked_precision, origin.twins
         #: Facts about how the pipeline was loaded, for the report (sampling, say).
-        self.notes: list[str] = []
-        #: The splits --trainer-sample cut as the script loaded them (the run's length is estimated from them).
-        self.cuts: tuple[Cut, ...] = ()
-        #: The datasets in scope where the script called train(): its data as stored before map() (`script_runner`).
-        self.sources: tuple[Any, ...] = ()
+        self.notes: list[str] = list(origin.notes)
         #: How this kind of trainer makes its batches and takes its loss.
         self.family = families.family_of(trainer)
         #: The batches the model is fed, made as the Trainer makes them.
@@ -59,10 +77,6 @@ class Pipeline:
         self._start_losses: dict[str, float] = {}
         #: How the Trainer checkpoints activations in training ("" for not at all), once it is turned on.
         self.checkpointing: str | None = None
-        #: Precision settings the script asked for that this machine turned off (bf16 without a GPU, say).
-        self.asked_precision: frozenset[str] = frozenset()
-        #: The models the script asked for that were built as twins (see `twin.loading`).
-        self.twins: tuple[Twin, ...] = ()
         #: Where the Trainer put the model (the GPU, where there is one): a marked test finds it there after a stage.
         self._trainer_device = (
             next((parameter.device for parameter in trainer.model.parameters()), None)

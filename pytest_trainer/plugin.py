@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -285,8 +285,9 @@ def trainer(request: pytest.FixtureRequest) -> Trainer:
 
 
 @pytest.fixture
-def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_device: str) -> TrainerStage:
-    """This item's pipeline stage on its device; `.run()` checks it and returns a StageResult."""
+def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_device: str) -> Iterator[TrainerStage]:
+    """This item's pipeline stage on its device; `.run()` checks it and returns a StageResult. A run that left the
+    CUDA context unusable tells the session, which skips the later cuda items."""
     from pytest_trainer.stages import TrainerStage
 
     session = session_of(request.config)
@@ -295,15 +296,17 @@ def trainer_stage(request: pytest.FixtureRequest, _trainer_step: Step, pipeline_
         request.node.stash[_NOT_RUN] = "blocked"
         pytest.skip(reason)
     session.import_libraries()
-    return TrainerStage(
+    stage = TrainerStage(
         lambda: _pipeline(request),
         _trainer_step.stage,
         pipeline_device,
         seed=zlib.crc32(request.node.nodeid.encode()),
-        on_cuda_broken=lambda why: setattr(session, "cuda_broken", why),
         shares_training=isinstance(request.node, StageItem),
         named=session.settings.stages_named or _marker_names_stages(request.node),
     )
+    yield stage
+    if stage.cuda_broken:
+        session.cuda_broken = stage.cuda_broken
 
 
 def _marker_names_stages(node: pytest.Item) -> bool:

@@ -9,6 +9,7 @@ with a bare `TypeError: X.__init__() got an unexpected keyword argument 'old'` o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import metadata
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,6 @@ IMPORTS = _table(
 
 def library_release(library: str) -> str:
     """The installed release of `library` ("transformers 5.24.0"), or its name alone where it cannot be read."""
-    from importlib import metadata
 
     try:
         return f"{library} {metadata.version(library)}"

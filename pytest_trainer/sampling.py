@@ -10,6 +10,9 @@ checks need besides the batch: the completions, each reward function's raw answe
 from __future__ import annotations
 
 import functools
+import inspect
+import math
+import numbers
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -78,7 +81,6 @@ class Sampled:
 
     def total(self) -> list[float]:
         """Each completion's reward as the trainer sums it (weighted, NaN counted as missing)."""
-        import math
 
         totals = []
         for row in self.rewards:
@@ -143,7 +145,6 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
 def entropy_share(model: Any, batch: Any) -> float | None:
     """The policy's mean next-token entropy over the completions of a scored batch, as a share of ln(vocabulary size);
     None where the batch or the model's outputs are not of the usual shape (a vision-language batch, say)."""
-    import math
 
     import torch
 
@@ -228,7 +229,6 @@ def _recorded(trainer: Any, sampled: Sampled) -> Iterator[None]:
 
 
 def _is_async(function: Any) -> bool:
-    import inspect
 
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)
 
@@ -236,8 +236,6 @@ def _is_async(function: Any) -> bool:
 @checks("collate", reads=COMPLETIONS)
 def check_answer(name: str, answer: Any, expected: int) -> None:
     """A reward function returns one number (or None) per completion: anything else fails with the cause."""
-    import math
-    import numbers
 
     fix = (
         f"return a list with one float per completion from `{name}`, e.g. "

@@ -18,7 +18,7 @@ from pytest_trainer.timeouts import time_limit
 from pytest_trainer.user_files import UserFolders
 
 if TYPE_CHECKING:
-    from pytest_trainer.pipeline import Pipeline
+    from pytest_trainer.pipeline import Origin, Pipeline
     from pytest_trainer.settings import Settings
 
 #: Stands for every device or every stage, when the Trainer itself could not be had.
@@ -116,26 +116,32 @@ class TrainerSession:
         finally:
             self._modules |= script_modules() - known
         name = script.relative_to(self.rootpath).as_posix() if script.is_relative_to(self.rootpath) else script.name
-        pipeline = self._pipeline(loaded.trainer, name)
-        pipeline.notes.extend(twin.line() for twin in loaded.twins)
-        pipeline.notes.extend(f"not exercised: {line}" for twin in loaded.twins for line in twin.replaced)
-        pipeline.twins = loaded.twins
-        pipeline.notes.extend(f"sampled by --trainer-sample: {line}" for line in loaded.sampled)
-        pipeline.cuts = loaded.cuts
-        pipeline.sources = loaded.sources
-        pipeline.notes.extend(f"precision: {line}" for line in loaded.precision)
-        pipeline.notes.extend(f"not exercised: {line}" for line in loaded.unexercised)
-        pipeline.notes.extend(f"the libraries said while the Trainer was built: {line}" for line in loaded.said)
-        pipeline.notes.extend(
-            f"in this process: `{line}`, which the command starts as a new process" for line in loaded.started_here
-        )
-        pipeline.notes.extend(launch_notes(loaded.launches, self.settings.processes))
+        notes = [
+            *(twin.line() for twin in loaded.twins),
+            *(f"not exercised: {line}" for twin in loaded.twins for line in twin.replaced),
+            *(f"sampled by --trainer-sample: {line}" for line in loaded.sampled),
+            *(f"precision: {line}" for line in loaded.precision),
+            *(f"not exercised: {line}" for line in loaded.unexercised),
+            *(f"the libraries said while the Trainer was built: {line}" for line in loaded.said),
+            *(f"in this process: `{line}`, which the command starts as a new process" for line in loaded.started_here),
+            *launch_notes(loaded.launches, self.settings.processes),
+        ]
         if loaded.folders is not None:
             self._written.append(loaded.folders)
-            pipeline.notes.extend(f"put back: {line}" for line in loaded.folders.written())
-        pipeline.asked_precision = loaded.asked_precision
-        pipeline.command, pipeline.factory, pipeline.asked_fsdp = command, factory, loaded.fsdp
-        return pipeline
+            notes.extend(f"put back: {line}" for line in loaded.folders.written())
+        from pytest_trainer.pipeline import Origin
+
+        origin = Origin(
+            command=command,
+            factory=factory,
+            asked_fsdp=loaded.fsdp,
+            cuts=loaded.cuts,
+            sources=loaded.sources,
+            asked_precision=loaded.asked_precision,
+            twins=loaded.twins,
+            notes=tuple(notes),
+        )
+        return self._pipeline(loaded.trainer, name, origin)
 
     def fixture_pipeline(self, trainer: Any, name: str) -> Pipeline:
         """The pipeline of a Trainer made by a `trainer` fixture; kept per Trainer object."""
@@ -145,11 +151,11 @@ class TrainerSession:
             self._fixture_pipelines[id(trainer)] = known
         return known[1]
 
-    def _pipeline(self, trainer: Any, name: str) -> Pipeline:
-        from pytest_trainer.pipeline import Pipeline
+    def _pipeline(self, trainer: Any, name: str, origin: Origin | None = None) -> Pipeline:
+        from pytest_trainer.pipeline import Origin, Pipeline
 
         self.freezer.freeze()  # the Trainer and what its script made stay alive until the session ends
-        return Pipeline(trainer, name, self.settings)
+        return Pipeline(trainer, name, self.settings, origin or Origin())
 
     def blocker(self, key: str, device: str, stage: str) -> str | None:
         """Why this stage of this pipeline on this device should not run, or None."""

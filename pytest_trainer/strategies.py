@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 
 from pytest_trainer import model_facts, tables, tasks
@@ -212,7 +213,6 @@ def _resized(value: list[Any], length: int, kept: int = 0) -> list[Any]:
 
 def require_sequences(pipeline: Pipeline) -> None:
     """Skip a property that needs token sequences when the training rows have none to cut or pad."""
-    import pytest
 
     column = pipeline.task.sequence or ""
     table = pipeline.training.table

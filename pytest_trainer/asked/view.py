@@ -11,6 +11,7 @@ assistant turn with, and the length the pipeline truncates to.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -306,7 +307,6 @@ class Asked:
     def template_arguments(self, row: Row) -> dict[str, Any]:
         """What the row's own columns give the chat template, as TRL passes them: its tools (a list, or JSON text)
         and its chat_template_kwargs (enable_thinking, say)."""
-        import json
 
         stored = row.stored or {}
         tools: Any = stored.get("tools")

@@ -7,6 +7,7 @@ the user's terms and a fix that differs from what the script does, or None. It s
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,6 @@ def _model_name(facts: Pipeline) -> str:
 
 
 def _forward_takes(facts: Pipeline) -> set[str] | None:
-    import inspect
 
     try:
         model = facts.model

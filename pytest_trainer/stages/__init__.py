@@ -8,8 +8,12 @@ Stage modules import nothing heavy at import time: the registry is read while py
 from __future__ import annotations
 
 import functools
+import importlib
+import pkgutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import pytest
 
 from pytest_trainer import devices, diagnosis, extensions
 from pytest_trainer.stages.base import Stage, StageResult, everywhere
@@ -25,8 +29,6 @@ __all__ = ["Stage", "StageResult", "TrainerStage", "registry"]
 def registry() -> dict[str, Stage]:
     """Every stage declared by a module of this package, and by an installed package's entry point (a stage that
     cannot take its place is refused, with the reason: `extensions.problems`), by name, in rank order."""
-    import importlib
-    import pkgutil
 
     found: list[Stage] = []
     for info in pkgutil.iter_modules(__path__):
@@ -71,12 +73,13 @@ class TrainerStage:
         stage: str,
         device: str,
         seed: int,
-        on_cuda_broken: Callable[[str], None],
         shares_training: bool = False,
         named: bool = True,
     ) -> None:
         self._load, self.stage, self.device, self.seed = load, stage, device, seed
-        self._on_cuda_broken = on_cuda_broken
+        #: What left the CUDA context unusable in this run (a device-side assert), for the session to skip the later
+        #: cuda items with; None while it is usable.
+        self.cuda_broken: str | None = None
         #: Whether the next stage may continue the training this one did (a script's own items); else, and after
         #: a failure, the model gets its starting weights back when the stage ends.
         self.shares_training = shares_training
@@ -133,7 +136,6 @@ class TrainerStage:
 
     def _skip_unless_it_applies(self, pipeline: Pipeline) -> None:
         """Skip, with the reason, a stage declared for other tasks, trainer families or a device other than this one."""
-        import pytest
 
         stage = self.declared
         uncovered = pipeline.family.not_covered(stage.name)
@@ -150,7 +152,6 @@ class TrainerStage:
 
     def _skip_for(self, reason_of: Callable[[], str | None]) -> None:
         """Skip with the reason a stage's declaration gives (`applies`, `idle`); its own error is the plugin's."""
-        import pytest
 
         try:
             reason = reason_of()
@@ -173,7 +174,7 @@ class TrainerStage:
                 raise diagnosis.InternalError(self.stage, cuda_error) from cuda_error
             # GPU errors surface late and point at the wrong line: the CPU tells what really failed.
             if broken:
-                self._on_cuda_broken(f"a device-side assert in {self.stage}[cuda] of {pipeline.name}")
+                self.cuda_broken = f"a device-side assert in {self.stage}[cuda] of {pipeline.name}"
             try:
                 _explained(self.declared, pipeline, "cpu")
             except diagnosis.PipelineFailure as failure:

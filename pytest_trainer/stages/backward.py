@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import accumulation, adapters, diagnosis, model_facts, schema
@@ -119,7 +120,6 @@ def _names(names: list[str]) -> str:
 
 def trainable_parts(names: list[str]) -> str:
     """What trains, in PEFT's terms where it applies: adapters, saved modules, token rows, other parameters."""
-    import re
 
     adapters_in = sorted({match.group(1) for name in names if (match := re.search(r"([^.]+)\.lora_", name))})
     saved = sorted(

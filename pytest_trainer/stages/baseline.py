@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_trainer import diagnosis, schema
 from pytest_trainer.stages.backward import STAGE as BACKWARD
 from pytest_trainer.stages.base import Stage, StageResult
@@ -41,8 +43,6 @@ FIGURES = {
 def run(pipeline: Pipeline, device: str) -> StageResult:
     directory = pipeline.settings.baseline
     if directory is None or device != "cpu":
-        import pytest
-
         pytest.skip("baselines are recorded on the CPU, with --trainer-baseline=DIR")
     current = measure(pipeline)
     path = file_for(Path(directory), pipeline.name)

@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_trainer import diagnosis
 from pytest_trainer.distributed import judges, processes, sharding
 from pytest_trainer.stages.base import Stage, StageResult
@@ -30,7 +32,6 @@ SHARE = 0.8
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import pytest
     import torch
 
     count = pipeline.settings.processes

@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_trainer import diagnosis, metric_settings
 from pytest_trainer.catalogue import SPLIT, checks
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
@@ -91,7 +93,6 @@ def check_generation_length(pipeline: Pipeline, split: Split, limit: int, settin
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import pytest
 
     from pytest_trainer import fed_checks
 

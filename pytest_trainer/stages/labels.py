@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.catalogue import MODEL, checks
 from pytest_trainer.losses import checked_loss, has_targets
@@ -24,7 +26,6 @@ if TYPE_CHECKING:
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import pytest
     import torch
     from hypothesis import strategies as st
 

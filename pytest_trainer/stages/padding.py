@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.catalogue import TEMPLATE, checks
 from pytest_trainer.losses import has_targets
@@ -28,7 +30,6 @@ TOLERANCE = 1e-4
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import pytest
 
     from pytest_trainer import fed_data, strategies
     from pytest_trainer.property_runs import search

@@ -12,6 +12,7 @@ Read from the script's flags, even where this machine turned them off to build t
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -114,7 +115,6 @@ def _check_autocast(
     pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], device: str, mixed: str
 ) -> float:
     """A forward and backward of the batch under autocast in the script's precision: finite loss and gradients."""
-    import math
 
     import torch
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_trainer import diagnosis, tasks
 from pytest_trainer.catalogue import BATCH, checks
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
@@ -33,7 +35,6 @@ SHIFTED = 0.9
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-    import pytest
 
     from pytest_trainer.asked import checks
     from pytest_trainer.asked.view import Asked, rows_of
@@ -108,7 +109,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 def preferences(pipeline: Pipeline, device: str) -> StageResult:
     """Preference training learns from the difference between chosen and rejected answers, as truncated."""
-    import pytest
 
     from pytest_trainer.asked import pairs
     from pytest_trainer.asked.view import Asked
@@ -132,7 +132,6 @@ def preferences(pipeline: Pipeline, device: str) -> StageResult:
 
 def rewards(pipeline: Pipeline, device: str) -> StageResult:
     """Online RL trains toward the rewards of sampled completions: they are audited instead of labels."""
-    import pytest
 
     from pytest_trainer import reward_checks
 

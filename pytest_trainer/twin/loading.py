@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import shutil
 import tempfile
@@ -387,7 +389,6 @@ def _update(config: Any, values: dict[str, Any]) -> None:
 
 def _attention_here(asked: Any) -> tuple[Any, str | None]:
     """The attention implementation the twin uses for the one asked for, and the line saying what was replaced."""
-    import importlib.util
 
     import torch
 
@@ -464,7 +465,6 @@ def _bits(kwargs: dict[str, Any]) -> tuple[int, Any]:
 
 def _bitsandbytes_missing(gpu: bool) -> str | None:
     """What bitsandbytes lacks to run here, or None."""
-    import importlib.metadata
 
     try:
         version: str | None = importlib.metadata.version("bitsandbytes")

@@ -3,56 +3,22 @@
 Pinned: `rows_of` reads a collated batch into its sequences (padding left out, the prompt a completion mask or the
 dataset marks, packed rows cut where position_ids restart, a padding tail no sequence); which rows answer a prompt, and
 the length they are cut at; the checks of the `targets` stage that read no chat template, each failing on a broken set
-of rows and silent on the correct one: rows with nothing supervised, labels shifted by hand, prompt tokens trained,
-answers that do not end on a stop token or that truncation cuts (at their end or at their start), end-of-sequence tokens
+of rows and silent on the correct one: answers that do not end on a stop token or that truncation cuts (at their end or at their start), end-of-sequence tokens
 of plain texts never trained, preference pairs the same once truncated. The checks that render the chat template
-(the prompt as asked, turns and reasoning the template drops) run on real tokenizers in tests/e2e/test_asked.py.
+(the prompt as asked, turns and reasoning the template drops) run on real tokenizers in tests/e2e/test_asked.py; the
+targets stage's own checks are in tests/unit/test_targets.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 import numpy as np
 import pytest
+from subjects import BOS, END_OF_TURN, EOS, PAD, answer, asked, batch, row, text_row
 
 from pytest_trainer import diagnosis
 from pytest_trainer.asked import checks, pairs
 from pytest_trainer.asked.view import Asked, Row, rows_of
-from pytest_trainer.stages import targets
 from pytest_trainer.tasks import IGNORE_INDEX as X
-
-PAD, BOS, EOS, END_OF_TURN = 0, 1, 2, 3
-
-
-def row(ids: Sequence[int], labels: Sequence[int], prompt: Sequence[bool] | None = None, **more: Any) -> Row:
-    return Row(np.array(ids), np.array(labels), None if prompt is None else np.array(prompt, dtype=bool), **more)
-
-
-def answer(prompt: Sequence[int], text: Sequence[int], end: Sequence[int] = (EOS,), trained_end: bool = True) -> Row:
-    """A row of `prompt` (left out of the loss), the answer `text`, then `end` (trained or not)."""
-    ids = [*prompt, *text, *end]
-    labels = [X] * len(prompt) + list(text) + (list(end) if trained_end else [X] * len(end))
-    return row(ids, labels)
-
-
-def text_row(ids: Sequence[int], trained: Sequence[bool] | None = None) -> Row:
-    """A plain language-modelling row: every token its own label, unless `trained` says otherwise."""
-    keep = trained if trained is not None else [True] * len(ids)
-    return row(ids, [token if kept else X for token, kept in zip(ids, keep, strict=True)])
-
-
-def asked(rows: list[Row], **facts: Any) -> Asked:
-    facts.setdefault("bos", BOS)
-    facts.setdefault("eos", EOS)
-    facts.setdefault("pad", PAD)
-    return Asked(rows, **facts)
-
-
-def batch(**arrays: Sequence[Sequence[int]]) -> Mapping[str, np.ndarray]:
-    return {key: np.array(value) for key, value in arrays.items()}
-
 
 # ---- rows_of: a collated batch read into its sequences ---------------------------------------------------------
 
@@ -167,47 +133,6 @@ def test_the_length_rows_are_cut_at_is_the_setting_else_what_the_rows_show() -> 
     assert asked(cut).max_length == 6  # two answers cut off open at one same longest length
     assert asked(cut[:1]).max_length is None  # one is no pattern
     assert asked([answer([5, 6], [8, 9]), answer([5, 6, 7], [8])]).max_length is None  # they end on eos
-
-
-# ---- targets: rows with nothing to learn, labels shifted by hand, prompt tokens trained --------------------------
-
-
-def test_a_row_with_no_supervised_token_fails() -> None:
-    with pytest.raises(diagnosis.PipelineFailure, match=r"1 of 2 sampled rows have no supervised token") as failed:
-        targets.check_rows_supervised(asked([answer([5, 6], [7]), row([5, 6, 7], [X, X, X])]))
-    assert "max_length" in failed.value.fix
-
-
-def test_rows_that_each_train_a_token_pass() -> None:
-    targets.check_rows_supervised(asked([answer([5, 6], [7]), text_row([5, 6])]))
-
-
-def test_labels_shifted_left_by_hand_fail_naming_the_model_that_shifts_them() -> None:
-    ids = [5, 6, 7, 8, 9, 10, 11, 12]
-    shifted = [row(ids, [*ids[1:], X]), row(ids[::-1], [*ids[::-1][1:], X])]
-    with pytest.raises(diagnosis.PipelineFailure, match=r"shifted left by one .* LlamaForCausalLM shifts them itself"):
-        targets.check_shift(asked(shifted), "LlamaForCausalLM")
-
-
-def test_labels_equal_to_the_inputs_pass_the_shift_check() -> None:
-    ids = [5, 6, 7, 8, 9, 10]
-    targets.check_shift(asked([text_row(ids), text_row(ids[::-1])]), "LlamaForCausalLM")
-
-
-def test_labels_that_equal_the_next_token_by_a_repeat_are_no_shift() -> None:
-    """A text of one repeated token has labels equal to the next token too: under half differ, no shift is told."""
-    targets.check_shift(asked([text_row([5, 5, 5, 5, 5, 5])]), "LlamaForCausalLM")
-
-
-def test_prompt_tokens_that_carry_labels_fail() -> None:
-    leaked = row([5, 6, 7, 8], [5, 6, 7, 8], prompt=[True, True, False, False], masked_by="labels")
-    with pytest.raises(diagnosis.PipelineFailure, match=r"1 prompt tokens carry labels in 1 of 2 sampled rows"):
-        targets.check_prompt_unlabelled(asked([leaked, answer([5, 6], [7, 8])]))
-
-
-def test_a_prompt_left_out_of_the_loss_passes() -> None:
-    kept = row([5, 6, 7, 8], [X, X, 7, 8], prompt=[True, True, False, False], masked_by="labels")
-    targets.check_prompt_unlabelled(asked([kept]))
 
 
 # ---- targets: a doubled BOS ------------------------------------------------------------------------------------

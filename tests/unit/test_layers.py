@@ -293,3 +293,31 @@ def test_running_a_script_imports_no_pipeline_check() -> None:
     code = f"import sys, pytest_trainer.script_runner\nprint([m for m in {names!r} if m in sys.modules])"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent)
     assert found.stdout.strip() == "[]", found.stdout + found.stderr
+
+
+def imports_inside_functions(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import inside a function of a module."""
+    found = []
+    for function in ast.walk(ast.parse(path.read_text())):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import):
+                    found += [(node.lineno, alias.name) for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    found.append((node.lineno, node.module))
+    return found
+
+
+def test_an_import_inside_a_function_is_never_of_the_standard_library_or_pytest() -> None:
+    """An import is put off to the call only for what would slow or break start-up (a heavy library, a module that
+    imports one, an optional dependency, a stage's checks); the standard library and pytest are imported at the top."""
+    import sys
+
+    light = set(sys.stdlib_module_names) | {"pytest"}
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line} imports {module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, module in imports_inside_functions(path)
+        if module.split(".")[0] in light
+    ]
+    assert found == []
