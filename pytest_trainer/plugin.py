@@ -17,7 +17,7 @@ from pytest_trainer.families import registered
 from pytest_trainer.items import GivenScript, StageItem, TrainerCommand, TrainerScript, stated_failure
 from pytest_trainer.plan import DEVICES, LOAD, OPT_IN, STAGES, Step, cpu_first, plan
 from pytest_trainer.report import summary
-from pytest_trainer.schema import ItemFacts, Pictures
+from pytest_trainer.schema import ItemFacts, Pictures, Sampling
 from pytest_trainer.session import ALL, has_session, session_of, start_session
 from pytest_trainer.settings import MODELS, Settings
 
@@ -342,6 +342,8 @@ def _facts(item: pytest.Item, step: Step, call: pytest.CallInfo[None]) -> ItemFa
     result = getattr(stage, "result", None)
     if result is not None:
         facts.figures, facts.notes = dict(result.figures), list(result.notes)
+        if isinstance(result.measured, Sampling):
+            facts.sampling_seconds = result.measured.sampling_seconds
     pipeline = getattr(stage, "__dict__", {}).get("pipeline")  # only when it was loaded
     if pipeline is not None and pipeline.notes:
         facts.notes.extend(pipeline.notes)

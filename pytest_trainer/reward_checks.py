@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from pytest_trainer import diagnosis
-from pytest_trainer.sampling import NOT_DATA, SECONDS_FIGURE, Sampled
+from pytest_trainer.sampling import NOT_DATA, Sampled
 from pytest_trainer.schema import RewardsPicture
 
 #: Rewards closer than this are the same reward (as TRL tells a group with no spread).
@@ -41,7 +41,6 @@ def audit(sampled: Sampled, figures: dict[str, float], notes: list[str]) -> None
             "mean_completion_length": sum(sampled.lengths) / max(count, 1),
             "reward_mean": _mean(totals),
             "groups_with_spread": float(sum(spread > SAME for spread in spreads)),
-            SECONDS_FIGURE: sampled.seconds,
         }
     )
     for index, name in enumerate(sampled.names):

@@ -22,9 +22,6 @@ from typing import TYPE_CHECKING, Any
 from pytest_trainer import diagnosis
 from pytest_trainer.catalogue import COMPLETIONS, checks
 
-#: The figure of the seconds sampling took, given by the stage that reports the rewards (the summary shows it).
-SECONDS_FIGURE = "sampling_seconds"
-
 if TYPE_CHECKING:
     import torch
 

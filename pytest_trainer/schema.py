@@ -50,6 +50,13 @@ class Overfit(Measured):
     learning_rate: float
 
 
+@dataclass(frozen=True)
+class Sampling(Measured):
+    #: The seconds generation and the reward functions took to sample the completions of an online RL batch (once for
+    #: every item: the report names the price).
+    sampling_seconds: float
+
+
 class Outcome(str, enum.Enum):
     """How an item ended, as the reports name it."""
 
@@ -86,6 +93,8 @@ class ItemFacts:
     unexplained: bool = False
     figures: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: The seconds sampling an online RL batch took in this item (`Sampling`), else 0.
+    sampling_seconds: float = 0.0
 
     def to_json(self) -> str:
         return to_json(dataclasses.asdict(self))

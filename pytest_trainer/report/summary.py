@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_trainer.sampling import SECONDS_FIGURE
 from pytest_trainer.schema import ItemFacts, Outcome, Pictures, to_json
 
 #: Name under which an item's pipeline facts travel in `report.user_properties`.
@@ -42,6 +41,8 @@ class ItemRecord:
     opt_in: str = ""
     #: What the stage drew (see `pytest_trainer.report.pictures`), for the HTML report.
     pictures: Pictures = field(default_factory=lambda: Pictures())
+    #: The seconds sampling an online RL batch took in this item (`schema.Sampling`), else 0.
+    sampling_seconds: float = 0.0
 
     @property
     def name(self) -> str:
@@ -114,6 +115,7 @@ class PipelineReport:
         drawn: Pictures | None = getattr(report, "trainer_pictures", None)  # set by the plugin's report hook
         record.pictures.update(drawn or {})
         record.figures.update(facts.figures)
+        record.sampling_seconds = max(record.sampling_seconds, facts.sampling_seconds)
         record.notes.extend(note for note in facts.notes if note not in record.notes)
         if facts.diagnosis:
             record.diagnosis, record.fix, record.unexplained = facts.diagnosis, facts.fix, facts.unexplained
@@ -274,7 +276,7 @@ def _cost_lines(records: list[ItemRecord]) -> list[Line]:
                     (f" (opt-in: --trainer-{setting.replace('_', '-')})", {}),
                 ]
             )
-        sampling = record.figures.get(SECONDS_FIGURE)
+        sampling = record.sampling_seconds
         if sampling:
             lines.append(
                 [

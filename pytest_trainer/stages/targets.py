@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_trainer import diagnosis, tasks
+from pytest_trainer import diagnosis, schema, tasks
 from pytest_trainer.catalogue import BATCH, checks
 from pytest_trainer.stages.base import Stage, StageResult, with_pictures
 
@@ -139,7 +139,12 @@ def rewards(pipeline: Pipeline, device: str) -> StageResult:
     sampled = pipeline.family.sampled
     if sampled is None or not sampled.completions:
         pytest.skip("the trainer sampled no completions to audit")
-    result = StageResult("targets", device, pictures={"rewards": reward_checks.picture(sampled)})
+    result = StageResult(
+        "targets",
+        device,
+        pictures={"rewards": reward_checks.picture(sampled)},
+        measured=schema.Sampling(sampled.seconds),
+    )
     try:
         reward_checks.audit(sampled, result.figures, result.notes)
     except diagnosis.TrainerError as failure:

@@ -45,6 +45,18 @@ def test_item_facts_travel_as_strict_json_and_come_back_whole() -> None:
     )
 
 
+def test_the_price_of_sampling_travels_typed_to_the_report() -> None:
+    """The targets stage of an online RL trainer measures what sampling the batch's completions cost: the report
+    reads it by attribute from the item's facts, and the JSON report still shows it by name."""
+    result = StageResult("targets", "cpu", figures={"completions": 8.0}, measured=schema.Sampling(3.5))
+    assert result.figures == {"sampling_seconds": 3.5, "completions": 8.0}
+    facts = schema.ItemFacts(
+        "grpo.py", "targets", "cpu", sampling_seconds=result.measured_as(schema.Sampling).sampling_seconds
+    )
+    assert schema.ItemFacts.from_json(facts.to_json()).sampling_seconds == 3.5
+    assert schema.ItemFacts.from_json('{"script": "a.py", "stage": "load", "device": "cpu"}').sampling_seconds == 0.0
+
+
 def test_facts_of_a_newer_writer_keep_what_this_reader_knows() -> None:
     back = schema.ItemFacts.from_json('{"script": "a.py", "stage": "load", "device": "cpu", "added_later": 1}')
     assert (back.script, back.blocked, back.notes) == ("a.py", False, [])
