@@ -1,6 +1,6 @@
 """A checkpoint's config narrowed to its twin (`twin.shrink`) and sized (`twin.checkpoint.estimate`): pure logic on the
 public configs of real checkpoints (tests/fixtures/checkpoints) and on small built configs. The twins built from them,
-and what a machine without a GPU replaces, are tested in tests/e2e/test_twin_models.py."""
+and what a machine without a GPU replaces, are tested in tests/e2e/test_twin_loading.py."""
 
 from __future__ import annotations
 
