@@ -114,10 +114,10 @@ class UserFolders:
     def restore(self) -> None:
         """Put every watched folder back, and remove what the script made in the working directory (unless other
         pytest processes share it: pytest-xdist)."""
+        made = self._made if self._made is not None else self._made_in_working_directory()
         for watched in self._watched.values():
             _restore(watched, act=True)
         self._watched.clear()
-        made = self._made if self._made is not None else self._made_in_working_directory()
         if "PYTEST_XDIST_WORKER" not in os.environ:
             for path in made:
                 if path.is_dir():
@@ -127,10 +127,15 @@ class UserFolders:
         self._made = []
 
     def _made_in_working_directory(self) -> list[Path]:
-        """Entries of the working directory that the script made, whole."""
+        """Entries of the working directory that the script made, whole (but for a watched folder: said once, as
+        one)."""
         made = []
         for name in sorted(set(os.listdir(self._cwd)) - self._entries - set(TOOL_CACHES)):
             path = self._cwd / name
+            if any(
+                path == watched.created or path.is_relative_to(watched.folder) for watched in self._watched.values()
+            ):
+                continue
             if self._new(path) or (path.is_file() and path.stat().st_mtime_ns >= self._started):
                 made.append(path)
         return made

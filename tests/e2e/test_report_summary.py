@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 from xml.etree import ElementTree
 
 import pytest
 from pipeline_runs import GOOD_SCRIPT, failures, outcomes, write
 
 from pytest_trainer import devices
-from pytest_trainer.report import summary
 
 #: The smallest correct script, evaluated on rows it does not train on (its training split evaluated is shown).
 HELD_OUT_SCRIPT = GOOD_SCRIPT.replace(
@@ -254,29 +252,3 @@ def test_failures_nobody_explained_yet_are_counted(project: pytest.Pytester) -> 
     assert items[("train.py", "collate")]["unexplained"] is True
     assert items[("labels.py", "forward")]["outcome"] == "failed"
     assert items[("labels.py", "forward")]["unexplained"] is False  # explained: labels beyond the head
-
-
-def _strict(text: str) -> object:
-    """JSON as any program reads it: NaN and Infinity are not JSON."""
-
-    def refuse(constant: str) -> None:
-        raise ValueError(f"{constant} is not JSON")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def test_a_non_finite_figure_is_still_strict_json() -> None:
-    """Figures reach the reports from items that passed, where they are finite; should a NaN ever reach one, the
-    junit property, the JSON report and the step summary stay JSON a strict parser reads."""
-    facts = {
-        "stage": "forward",
-        "figures": {"loss": math.nan, "norm": math.inf, "low": -math.inf, "ok": 1.5},
-        "notes": [],
-        "rows": [[math.nan, 2]],
-    }
-    assert _strict(summary.to_json(facts)) == {
-        "stage": "forward",
-        "figures": {"loss": "nan", "norm": "inf", "low": "-inf", "ok": 1.5},
-        "notes": [],
-        "rows": [["nan", 2]],
-    }

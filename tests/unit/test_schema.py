@@ -3,6 +3,9 @@ reports."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from pytest_trainer import schema
@@ -65,3 +68,24 @@ def test_facts_of_a_newer_writer_keep_what_this_reader_knows() -> None:
 def test_only_failures_and_errors_are_bad_outcomes() -> None:
     assert [outcome.value for outcome in schema.Outcome if outcome.bad] == ["failed", "error"]
     assert f"{schema.Outcome.SKIPPED}" == "skipped"
+
+
+def test_a_non_finite_figure_is_still_strict_json() -> None:
+    """Figures reach the reports from items that passed, where they are finite; should a NaN ever reach one, the
+    junit property, the JSON report and the step summary stay JSON a strict parser reads."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    facts = {
+        "stage": "forward",
+        "figures": {"loss": math.nan, "norm": math.inf, "low": -math.inf, "ok": 1.5},
+        "notes": [],
+        "rows": [[math.nan, 2]],
+    }
+    assert json.loads(schema.to_json(facts), parse_constant=refuse) == {
+        "stage": "forward",
+        "figures": {"loss": "nan", "norm": "inf", "low": "-inf", "ok": 1.5},
+        "notes": [],
+        "rows": [["nan", 2]],
+    }
