@@ -46,6 +46,24 @@ def check_no_empty_rows(pipeline, device):
 STAGE = Stage("acme_rows", rank=25, run=check_no_empty_rows, needs=("collate",), same_on_every_device="it reads data")
 '''
 
+#: The same names without the library behind them, for the refusals, which come before any script runs: a Trainer named
+#: where a family is wanted, a check function where a stage is, and a stage that would run before what it needs.
+REFUSED = '''
+"""acmetrain as its entry points name it, without the library behind them (nothing here trains)."""
+from pytest_trainer import Stage, StageResult
+
+
+class AcmeTrainer:
+    """A Trainer of the library's own."""
+
+
+def check_no_empty_rows(pipeline, device):
+    return StageResult("acme_rows", device)
+
+
+STAGE = Stage("acme_rows", rank=5, run=check_no_empty_rows, needs=("collate",), same_on_every_device="it reads data")
+'''
+
 SCRIPT = """
     import tiny
     from acmetrain import AcmeTrainer
@@ -124,7 +142,7 @@ def test_the_added_stage_fails_with_its_finding(project: pytest.Pytester) -> Non
 def test_what_cannot_be_taken_stops_the_run_naming_the_package(
     project: pytest.Pytester, entry_points: str, why: str
 ) -> None:
-    install(project, entry_points)
+    install(project, entry_points, REFUSED)
     write(project, "train.py", SCRIPT.format(text=TEXT))
     result = run(project)
     result.stderr.fnmatch_lines([f"ERROR: the package acmetrain declares acme* in the entry-point group *, and {why}"])
@@ -133,10 +151,7 @@ def test_what_cannot_be_taken_stops_the_run_naming_the_package(
 
 
 def test_a_stage_that_cannot_follow_what_it_needs_is_refused(project: pytest.Pytester) -> None:
-    package = PACKAGE.replace(
-        'rank=25, run=check_no_empty_rows, needs=("collate",)', 'rank=5, run=check_no_empty_rows, needs=("collate",)'
-    )
-    install(project, ENTRY_POINTS, package)
+    install(project, "[pytest_trainer.stages]\nacme_rows = acmetrain:STAGE\n", REFUSED)
     write(project, "train.py", SCRIPT.format(text=TEXT))
     result = run(project)
     result.stderr.fnmatch_lines(
