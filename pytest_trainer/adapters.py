@@ -173,7 +173,6 @@ def _in_checkpoint(name: str, keys: set[str]) -> bool:
 
 def checkpoint_keys(source: str) -> set[str] | None:
     """The tensor names of the checkpoint at `source` (a folder or a Hub id in the local cache), or None."""
-
     for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json"):
         path = Path(source) / name if Path(source).is_dir() else _cached(source, name)
         if path is None or not path.is_file():
@@ -191,7 +190,6 @@ def checkpoint_keys(source: str) -> set[str] | None:
 
 
 def _cached(source: str, name: str) -> Any:
-
     try:
         from huggingface_hub import try_to_load_from_cache
 

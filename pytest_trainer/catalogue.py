@@ -1,7 +1,7 @@
 """Every check, declared where it lives with the stages that run it and the subject it reads.
 
     @checks("collate", reads=BATCH)
-    def check_start_token(pipeline, batch): ...
+    def check_start_token(labels, start, model, token): ...
 
 A check is a function that finds a defect: it raises (or returns) a `diagnosis.Finding` for one that spoils training
 or a `diagnosis.PipelineFailure` for one that breaks it, with the cause in the user's terms and the fix. A message that

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis, tables
-from pytest_trainer.catalogue import message
+from pytest_trainer.catalogue import SPLIT, checks
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -451,7 +451,7 @@ def moved(batch: Mapping[str, Any], device: str) -> dict[str, Any]:
     return {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
 
 
-@message
+@checks("collate", reads=SPLIT)
 def unpadded(
     column: str, lengths: Sequence[int], trainer: Any, label_collator: str
 ) -> diagnosis.PipelineFailure | None:

@@ -213,7 +213,6 @@ def checkpoint_step(pipeline: Pipeline, twin: Twin, batch: dict[str, Any], dtype
 def _patches_moved(twin: torch.nn.Module, full: torch.nn.Module) -> None:
     """Give `full` the methods a trainer set on its twin's instance (TRL's fused LM head replaces `forward`), bound to
     `full`: what the patch kept of the twin (its original forward, its config) is taken from `full` instead."""
-
     for name, patched in list(vars(twin).items()):
         if not isinstance(patched, types.MethodType) or patched.__self__ is not twin:
             continue
@@ -229,7 +228,6 @@ def _patches_moved(twin: torch.nn.Module, full: torch.nn.Module) -> None:
 
 def _moved(value: Any, twin: Any, full: Any) -> Any:
     """What a patch of `twin` held, as it is for `full`."""
-
     if value is twin:
         return full
     if value is getattr(twin, "config", None):
@@ -241,7 +239,6 @@ def _moved(value: Any, twin: Any, full: Any) -> Any:
 
 def _kind(name: str) -> str:
     """A weight's name with its layer indices taken out: the weights of every layer of one kind share it."""
-
     return re.sub(r"\.\d+(?=\.)", ".#", name)
 
 

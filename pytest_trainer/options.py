@@ -126,7 +126,6 @@ def _commands(raw: Raw) -> tuple[Command, ...]:
 
 def _near_miss(path: Path) -> str:
     """ ", did you mean train.py?" for a script of the same folder whose name is close to the one given."""
-
     folder = path.parent
     if not folder.is_dir():
         return ""

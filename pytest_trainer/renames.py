@@ -198,7 +198,6 @@ IMPORTS = _table(
 
 def library_release(library: str) -> str:
     """The installed release of `library` ("transformers 5.24.0"), or its name alone where it cannot be read."""
-
     try:
         return f"{library} {metadata.version(library)}"
     except metadata.PackageNotFoundError:

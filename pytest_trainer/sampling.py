@@ -78,7 +78,6 @@ class Sampled:
 
     def total(self) -> list[float]:
         """Each completion's reward as the trainer sums it (weighted, NaN counted as missing)."""
-
         totals = []
         for row in self.rewards:
             present = [value * weight for value, weight in zip(row, self.weights, strict=True) if not math.isnan(value)]
@@ -142,7 +141,6 @@ def sample(trainer: Any) -> tuple[dict[str, Any], Sampled]:
 def entropy_share(model: Any, batch: Any) -> float | None:
     """The policy's mean next-token entropy over the completions of a scored batch, as a share of ln(vocabulary size);
     None where the batch or the model's outputs are not of the usual shape (a vision-language batch, say)."""
-
     import torch
 
     was_training = model.training
@@ -226,14 +224,12 @@ def _recorded(trainer: Any, sampled: Sampled) -> Iterator[None]:
 
 
 def _is_async(function: Any) -> bool:
-
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)
 
 
 @checks("collate", reads=COMPLETIONS)
 def check_answer(name: str, answer: Any, expected: int) -> None:
     """A reward function returns one number (or None) per completion: anything else fails with the cause."""
-
     fix = (
         f"return a list with one float per completion from `{name}`, e.g. "
         "`return [score(completion) for completion in completions]`"

@@ -566,7 +566,6 @@ def launcher_precision_for_this_machine(args: Any) -> list[str]:
 def engines_for_this_machine(args: Any) -> str | None:
     """Turn off the vLLM generation an online RL config asks for where vLLM cannot run (not installed, or no GPU);
     the line saying so, or None."""
-
     import torch
 
     if not getattr(args, "use_vllm", False):
@@ -758,7 +757,6 @@ def _launches_read(command: Command, capture: _Capture, seed: int) -> Iterator[N
     axolotl.cli.train ...`, `swift sft` runs `python .../sft.py ...`), read that command and run it here instead, as
     the launcher in front of a command is read. Only a Python or launcher command whose output is not captured is
     taken; any other (a git call, a `python -c` probe) runs as asked."""
-
     if not command.read_launches:
         yield
         return

@@ -213,7 +213,6 @@ def _resized(value: list[Any], length: int, kept: int = 0) -> list[Any]:
 
 def require_sequences(pipeline: Pipeline) -> None:
     """Skip a property that needs token sequences when the training rows have none to cut or pad."""
-
     column = pipeline.task.sequence or ""
     table = pipeline.training.table
     if column not in table.column_names or not tables.is_list(table.schema.field(column).type):

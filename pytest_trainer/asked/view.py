@@ -307,7 +307,6 @@ class Asked:
     def template_arguments(self, row: Row) -> dict[str, Any]:
         """What the row's own columns give the chat template, as TRL passes them: its tools (a list, or JSON text)
         and its chat_template_kwargs (enable_thinking, say)."""
-
         stored = row.stored or {}
         tools: Any = stored.get("tools")
         if isinstance(tools, str):

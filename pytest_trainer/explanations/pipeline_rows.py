@@ -73,7 +73,6 @@ def _model_name(facts: Pipeline) -> str:
 
 
 def _forward_takes(facts: Pipeline) -> set[str] | None:
-
     try:
         model = facts.model
         base = getattr(model, "get_base_model", None)

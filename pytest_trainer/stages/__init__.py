@@ -29,7 +29,6 @@ __all__ = ["Stage", "StageResult", "TrainerStage", "registry"]
 def registry() -> dict[str, Stage]:
     """Every stage declared by a module of this package, and by an installed package's entry point (a stage that
     cannot take its place is refused, with the reason: `extensions.problems`), by name, in rank order."""
-
     found: list[Stage] = []
     for info in pkgutil.iter_modules(__path__):
         declared = getattr(importlib.import_module(f"{__name__}.{info.name}"), "STAGE", None)
@@ -136,7 +135,6 @@ class TrainerStage:
 
     def _skip_unless_it_applies(self, pipeline: Pipeline) -> None:
         """Skip, with the reason, a stage declared for other tasks, trainer families or a device other than this one."""
-
         stage = self.declared
         uncovered = pipeline.family.not_covered(stage.name)
         if uncovered:
@@ -152,7 +150,6 @@ class TrainerStage:
 
     def _skip_for(self, reason_of: Callable[[], str | None]) -> None:
         """Skip with the reason a stage's declaration gives (`applies`, `idle`); its own error is the plugin's."""
-
         try:
             reason = reason_of()
         except diagnosis.TrainerError:

@@ -120,7 +120,6 @@ def _names(names: list[str]) -> str:
 
 def trainable_parts(names: list[str]) -> str:
     """What trains, in PEFT's terms where it applies: adapters, saved modules, token rows, other parameters."""
-
     adapters_in = sorted({match.group(1) for name in names if (match := re.search(r"([^.]+)\.lora_", name))})
     saved = sorted(
         {name.split(".modules_to_save")[0].rsplit(".", 1)[-1] for name in names if ".modules_to_save." in name}

@@ -93,7 +93,6 @@ def check_generation_length(pipeline: Pipeline, split: Split, limit: int, settin
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-
     from pytest_trainer import fed_checks
 
     splits = [split for split in pipeline.splits if split.description != "training"]

@@ -30,7 +30,6 @@ TOLERANCE = 1e-4
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-
     from pytest_trainer import fed_data, strategies
     from pytest_trainer.property_runs import search
 

@@ -115,7 +115,6 @@ def _check_autocast(
     pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], device: str, mixed: str
 ) -> float:
     """A forward and backward of the batch under autocast in the script's precision: finite loss and gradients."""
-
     import torch
 
     dtype = torch.float16 if mixed == "fp16" else torch.bfloat16

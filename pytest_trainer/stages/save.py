@@ -114,7 +114,6 @@ def _forward_outputs(model: torch.nn.Module, batch: dict[str, Any]) -> dict[str,
     A trainer may patch the forward of its model instance (TRL's fused LM head): a model reloaded from the
     checkpoint has no such patch, so both are compared through the forward their class defines.
     """
-
     accepted = set(inspect.signature(type(model).forward).parameters)
     inputs = {key: value for key, value in batch.items() if key in accepted}
     patched = model.__dict__.pop("forward", None)

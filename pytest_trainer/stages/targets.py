@@ -35,7 +35,6 @@ SHIFTED = 0.9
 
 
 def run(pipeline: Pipeline, device: str) -> StageResult:
-
     from pytest_trainer.asked import checks
     from pytest_trainer.asked.view import Asked, rows_of
 
@@ -109,7 +108,6 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 def preferences(pipeline: Pipeline, device: str) -> StageResult:
     """Preference training learns from the difference between chosen and rejected answers, as truncated."""
-
     from pytest_trainer.asked import pairs
     from pytest_trainer.asked.view import Asked
 
@@ -132,7 +130,6 @@ def preferences(pipeline: Pipeline, device: str) -> StageResult:
 
 def rewards(pipeline: Pipeline, device: str) -> StageResult:
     """Online RL trains toward the rewards of sampled completions: they are audited instead of labels."""
-
     from pytest_trainer import reward_checks
 
     pipeline.batches.first()  # samples the completions and scores them

@@ -389,7 +389,6 @@ def _update(config: Any, values: dict[str, Any]) -> None:
 
 def _attention_here(asked: Any) -> tuple[Any, str | None]:
     """The attention implementation the twin uses for the one asked for, and the line saying what was replaced."""
-
     import torch
 
     if not isinstance(asked, str) or "flash" not in asked:
@@ -465,7 +464,6 @@ def _bits(kwargs: dict[str, Any]) -> tuple[int, Any]:
 
 def _bitsandbytes_missing(gpu: bool) -> str | None:
     """What bitsandbytes lacks to run here, or None."""
-
     try:
         version: str | None = importlib.metadata.version("bitsandbytes")
     except importlib.metadata.PackageNotFoundError:

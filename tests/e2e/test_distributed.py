@@ -4,10 +4,11 @@ Each broken script fails `distributed[cpu]` with its cause named first; the shap
 processes (an uneven map-style eval set, training rows padded to even batches, a checkpoint saved on rank 0 only, a
 LoRA fine-tune, a stream with max_steps, a split seeded before the Trainer, FSDP asked for) pass.
 
-The judges of a finished job (weights that drift apart, a file every rank writes, ranks trained on the same rows, a
-rank that dies, data built differently) are unit-tested on recorded jobs of these scripts (tests/unit/record.py,
-tests/unit/test_rank_judges.py); the jobs here hold what only real processes show: the launch, the timeout of a rank
-that hangs, a plugin bug inside a rank, DDP's and FSDP's own errors, and a judge's verdict reaching the item.
+The judges of a finished job are unit-tested on recorded jobs of these scripts (tests/unit/record.py,
+tests/unit/test_rank_judges.py). The jobs here hold what only real processes show: the launch, how each rank seeds and
+records what it trained on, a rank killed under torchrun, the timeout of a rank that hangs, a plugin bug inside a
+rank, DDP's and FSDP's own errors, and a judge's verdict reaching the item. Weights that drift apart and a file every
+rank writes are judged on their recordings only (their findings reach the item as the same rows' do, here).
 """
 
 from __future__ import annotations
@@ -304,13 +305,16 @@ UNSEEDED_SPLIT = """
 """
 
 
-def test_a_split_seeded_before_the_trainer_is_the_same_in_every_process(project: pytest.Pytester) -> None:
-    """As in a torchrun job, where each process seeds Python's and numpy's generators from the OS: a split made before
-    the Trainer (which seeds them all alike) is the same in every process when it is given its own seed. Unseeded, it
-    differs: tests/unit/test_rank_judges.py judges the recorded job (rank_different_data)."""
-    write(project, "train.py", UNSEEDED_SPLIT.format(seed=", seed=42"))
+@pytest.mark.parametrize(("seed", "outcome"), [("", "FAILED"), (", seed=42", "PASSED")], ids=["unseeded", "seeded"])
+def test_each_process_starts_from_its_own_random_state(project: pytest.Pytester, seed: str, outcome: str) -> None:
+    """As in a torchrun job, where each process seeds Python's and numpy's generators from the OS: an unseeded split
+    made before the Trainer (which seeds them all alike) differs from one process to the next; given its own seed, it
+    is the same in every process."""
+    write(project, "train.py", UNSEEDED_SPLIT.format(seed=seed))
     result = run_distributed(project)
-    assert outcomes(result) == {"distributed[cpu]": "PASSED"}, result.stdout.str()[-3000:]
+    assert outcomes(result) == {"distributed[cpu]": outcome}, result.stdout.str()[-3000:]
+    if outcome == "FAILED":
+        assert "the 2 processes built different data from the same script (the train split" in failure(result)
 
 
 #: A word-level tokenizer whose vocabulary is made at start-up from a set of words: its ids follow the set's order,
@@ -356,6 +360,48 @@ def test_a_rank_that_hangs_is_named_and_never_hangs_the_session(project: pytest.
     assert "hung while training step" in first, first
     text = result.stdout.str()
     assert re.search(r"rank 1 waits at:\n\s+\S*train.py:\d+ in on_step_end", text), text
+
+
+def test_a_dataloader_of_its_own_that_does_not_shard_trains_every_rank_on_the_same_rows(
+    project: pytest.Pytester,
+) -> None:
+    write(
+        project,
+        "train.py",
+        OWN_LOADER,
+    )
+    result = run_distributed(project)
+    assert outcomes(result) == {"distributed[cpu]": "FAILED"}
+    assert "every one of the 2 ranks trained on the same rows at each of the 3 micro-batches" in failure(result)
+
+
+def test_a_rank_that_dies_is_reported(project: pytest.Pytester) -> None:
+    write(
+        project,
+        "train.py",
+        """
+        import os
+        import signal
+        import tiny
+        from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+
+        tok = tiny.tokenizer()
+        pad = DataCollatorWithPadding(tok)
+
+        def collate(rows):
+            if os.environ.get("RANK") == "1":
+                os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer does
+            return pad(rows)
+
+        data = tiny.tokenized(tiny.text_dataset(24), tok)
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, report_to="none")
+        trainer = Trainer(model=tiny.classifier(), args=args, train_dataset=data, data_collator=collate)
+        trainer.train()
+    """,
+    )
+    result = run_distributed(project)
+    assert outcomes(result) == {"distributed[cpu]": "FAILED"}
+    assert "rank 1 of 2 died while" in failure(result)
 
 
 #: A sitecustomize that plants a bug in the plugin's own code inside every rank.

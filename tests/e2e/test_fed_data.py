@@ -245,3 +245,20 @@ def test_whisper_targets_padded_to_max_length_with_the_pad_id_fail_dataset(proje
             "*label_pad_token_id=-100*",
         ]
     )
+
+
+def test_whisper_targets_the_collator_pads_with_the_pad_id_fail_collate(project: pytest.Pytester) -> None:
+    """The blog post's collator without its masked_fill: the rows are stored whole, the collator pads them with the end
+    token, which is the pad id; the correct collator (above) passes."""
+    masked = 'labels = labels_batch["input_ids"].masked_fill(labels_batch.attention_mask.ne(1), -100)'
+    assert masked in WHISPER
+    write(
+        project, "train.py", WHISPER.replace("TARGET_PADDING", "").replace(masked, 'labels = labels_batch["input_ids"]')
+    )
+    result = run_script(project, "--trainer-stages=dataset,collate")
+    assert failures(result) == ["collate[cpu]"], result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(
+        [
+            "*the labels hold the pad id * (row * of the first batch the collator made and * positions in all) instead of -100*"
+        ]
+    )

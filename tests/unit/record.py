@@ -39,7 +39,7 @@ from test_distributed import DRIFTS, GOOD, HANGS, OWN_LOADER, WRITES_TWICE  # no
 
 GRPO = ROOT / "conftest_examples" / "grpo"
 
-#: A rank that dies: rank 1 killed (SIGKILL, as the out-of-memory killer does) at its first batch.
+#: test_a_rank_that_dies_is_reported: rank 1 killed (SIGKILL, as the out-of-memory killer does) at its first batch.
 #: SLOW_PEER is put before it: rank 0 slowed down at its first batch, as on a loaded machine.
 KILLED = """
     import os
@@ -69,7 +69,7 @@ RAISES = KILLED.replace("        SLOW_PEER\n", "").replace(
     'raise ValueError("row without a label")',
 )
 
-#: A split made before the Trainer without a seed (test_distributed.py seeds it: UNSEEDED_SPLIT): each rank draws its own.
+#: test_each_process_starts_from_its_own_random_state, unseeded: each rank draws its own split.
 UNSEEDED = """
     import tiny
     from transformers import Trainer, TrainingArguments

@@ -107,7 +107,8 @@ def test_a_row_knows_where_its_answer_ends_and_whether_a_prompt_comes_first() ->
     assert row([5, 6], [X, X]).answer_end is None
 
 
-def test_stops_are_the_tokenizer_eos_unless_the_model_names_its_own() -> None:
+def test_the_view_stops_at_the_tokenizer_eos_unless_it_is_given_the_model_s_stops() -> None:
+    """`Asked.of` reads the model's stops (generation_config, config) end to end; the view falls back as generate does."""
     assert asked([]).stops == {EOS: "tokenizer.eos_token"}
     own = asked([], stops={END_OF_TURN: "generation_config.eos_token_id"})
     assert own.stops == {END_OF_TURN: "generation_config.eos_token_id"}

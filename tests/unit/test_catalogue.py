@@ -182,6 +182,26 @@ def too_high(label, width):
     assert all(finds_defects(node) for node in nodes)  # undeclared, the builder would be taken for a check
 
 
+#: What a message builder is given: plain values a check found (a row number, a width, names), never a subject.
+PLAIN_VALUES = {"int", "float", "str", "bool", "None", "Sequence", "list", "tuple"}
+
+
+def test_a_message_builder_is_given_plain_values_not_a_subject() -> None:
+    """A builder words what its check found; one given the pipeline, a trainer, a split or a batch could decide a
+    defect itself and would stay out of the catalogue."""
+    import re
+
+    reading = [
+        f"{name}({argument.arg}: {ast.unparse(argument.annotation) if argument.annotation else '?'})"
+        for name, function in functions()
+        if words_a_message(function)
+        for argument in function.args.args + function.args.kwonlyargs
+        if argument.annotation is None
+        or not set(re.findall(r"[A-Za-z_.]+", ast.unparse(argument.annotation))) <= PLAIN_VALUES
+    ]
+    assert reading == []
+
+
 def test_no_error_type_module_words_a_check_s_message() -> None:
     """`diagnosis` keeps the error types and what every stage uses with them; a message lives beside its check."""
     tree = ast.parse((PACKAGE / "diagnosis.py").read_text())

@@ -57,11 +57,10 @@ def test_a_labels_column_copied_from_the_inputs_is_dropped_and_the_inputs_masked
 
 
 def test_masked_labels_pass() -> None:
-    """A sample of the positions is supervised, its inputs replaced by the mask token: nothing is copied."""
-    masked = np.full_like(IDS, X)
-    masked[0, 2], masked[1, 1] = 8, 10
-    inputs = IDS.copy()
-    inputs[0, 2] = inputs[1, 1] = 103  # [MASK]
+    """Every supervised position's input replaced by the mask token: the labels are no copy of what the model sees,
+    however many positions are supervised."""
+    masked = np.where(MASK == 1, IDS, X)
+    inputs = np.where(MASK == 1, 103, IDS)  # [MASK] at every real position
     assert collate.check_masked_targets(masked, inputs, MASK, "BertForMaskedLM", None) is None
 
 

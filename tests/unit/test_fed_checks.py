@@ -3,7 +3,7 @@
 Pinned, each on a broken split and a correct one: NaN or infinite numbers name their column, their row and their
 count; class ids fit the head (a label past it names the range and the head's width, a negative one the range, float
 labels the cast, -100 is ignored), as do choice indices the choices; float rows of one value per class are multi-label
-classification, which a single-label head cannot learn; a training split of one class, or of classes counted from 1
+classification (a single-label head's refusal of them reads the model's config: end to end); a training split of one class, or of classes counted from 1
 over a head with an output more, is a finding, unless the script cuts the split. What reads the model (token ids
 against its embedding, lengths against its positions) is held by the end-to-end tests.
 """

@@ -81,7 +81,7 @@ def test_a_job_whose_ranks_each_trained_alone_is_named() -> None:
 
 
 def test_a_killed_rank_is_named_when_its_peer_saw_it_go() -> None:
-    """rank_killed: record.py's KILLED script (rank 1 SIGKILLs itself in the data collator); rank 0
+    """rank_killed: test_a_rank_that_dies_is_reported's script (rank 1 SIGKILLs itself in the data collator); rank 0
     recorded gloo's `Connection reset by peer`, a consequence that is never the cause."""
     ranks = ranks_of("rank_killed")
     assert judges.PEER_LOST.search(ranks.records[0]["error"]["message"])

@@ -170,7 +170,13 @@ def test_the_step_summary_shows_the_table_each_failure_and_strict_json() -> None
     assert "| stage | cpu |" in markdown and "| forward | **FAILED** |" in markdown
     assert "**forward[cpu]**: the loss is NaN  \nfix: lower the learning rate" in markdown
     data = markdown.split("```json\n")[1].split("\n```")[0]
-    assert [item["stage"] for item in json.loads(data)] == ["dataset", "forward", "step"]  # NaN written as "nan"
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    items = json.loads(data, parse_constant=refuse)  # strict: NaN is written "nan"
+    assert [item["stage"] for item in items] == ["dataset", "forward", "step"]
+    assert items[2]["figures"] == {"loss_after": "nan"}
 
 
 def test_count_says_one_item_and_several_items() -> None:

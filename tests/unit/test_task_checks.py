@@ -1,11 +1,13 @@
 """The checks of the fed data that belong to one task (`pytest_trainer.task_checks`), on built splits.
 
 Pinned, each on a broken split and a correct one: seq2seq targets padded with the pad id (every one where the pad id
-is no real target; only the run after the end token where it is, as Whisper's is), in the split and in a batch; answer
+is no real target; only the run after the end token where it is, as Whisper's is), rows of a batch or of a flat
+column; answer
 spans outside their sequence, ending before they start (one past, from a search loop that steps once too far), all at
 position 0, or in the question (the shorter sequence of each pair, by token_type_ids or between the separators);
 token-classification labels counted per word rather than per token. What reads a tokenizer (the answer text read
-back, the question found by its stored text, word labels on their first token) is held by the end-to-end tests.
+back, the question found by its stored text, word labels on their first token) and the pad id the tokenizer gives
+(`target_ends`) are held by the end-to-end tests (tests/e2e/test_fed_data.py: in the split and in a batch).
 """
 
 from __future__ import annotations

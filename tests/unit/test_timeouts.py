@@ -1,7 +1,7 @@
 """Time limits for the script and each stage (`pytest_trainer.timeouts`): a hung block fails with its name.
 
 Pinned: a block that outlives its limit is stopped with the error `expired()` makes; a block within it runs to its end
-and leaves no alarm behind; no limit for 0; an alarm someone else set (pytest-timeout's signal method) is put back with
+and leaves no alarm behind; no limit for 0, which leaves any alarm as it is; an alarm someone else set (pytest-timeout's signal method) is put back with
 the time it had left.
 """
 
@@ -31,8 +31,18 @@ def test_a_block_within_its_limit_runs_to_its_end_and_leaves_no_alarm() -> None:
         ran = sum(range(1000))
     assert ran == 499500
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    with time_limit(0, lambda: Hung()):  # no limit
-        time.sleep(0.01)
+
+
+def test_a_limit_of_0_is_no_limit_and_leaves_an_alarm_set_by_someone_else_alone() -> None:
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        with time_limit(0, lambda: Hung()):
+            left, _ = signal.getitimer(signal.ITIMER_REAL)
+            assert 25 < left <= 30
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_an_alarm_set_by_someone_else_is_put_back_with_the_time_it_had_left() -> None:
