@@ -87,8 +87,8 @@ def check_generation_length(pipeline: Pipeline, split: Split, limit: int, settin
     raise diagnosis.Finding(
         f"{line}: every such prediction is cut before its end, so the metrics compare cut text with whole references",
         "let evaluation generate as long as the references: "
-        f"generation_max_length={int(np.percentile(lengths, 95)) + 1} in Seq2SeqTrainingArguments (or max_new_tokens "
-        "in the model's generation_config)",
+        f"generation_max_length={math.ceil(np.percentile(lengths, 95)) + 1} in Seq2SeqTrainingArguments "
+        "(or max_new_tokens in the model's generation_config)",
     )
 
 
