@@ -133,7 +133,7 @@ OWN_LOADER = """
 
 
 def run_distributed(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
+    return pytester.runpytest(
         "--trainer-module=train.py",
         "--trainer-devices=cpu",
         "--trainer-processes=2",
