@@ -260,7 +260,7 @@ def test_a_command_leaves_the_process_and_the_repository_as_it_found_them(repo: 
 @pytest.mark.slow
 def test_the_distributed_items_run_the_commands_script_in_several_processes(repo: pytest.Pytester) -> None:
     command = "torchrun --nproc_per_node 2 -m trainpkg.train --lr 1e-3"
-    result = repo.runpytest_subprocess(
+    result = repo.runpytest(
         f"--trainer-command={command}",
         "--trainer-devices=cpu",
         "--trainer-processes=2",
