@@ -8,7 +8,6 @@ import pytest
 from pipeline_runs import GOOD_SCRIPT, outcomes, run_script, write
 
 from pytest_trainer import devices, options
-from pytest_trainer.settings import Settings
 
 #: A Trainer subclass weighting its loss by class, the weights made on `{device}` and used as `{used}`.
 WEIGHTED = """
@@ -170,24 +169,11 @@ def test_a_model_s_tensor_that_is_no_buffer_is_named(project: pytest.Pytester) -
 @pytest.mark.parametrize("given", ["--trainer-devices=cuda", "--trainer-devices=cpu,cuda", "ini"])
 def test_a_named_device_this_machine_lacks_is_a_usage_error(pytester: pytest.Pytester, given: str) -> None:
     if given == "ini":
-        _ini(pytester, trainer_devices="cuda")
-    message = _usage_error(pytester, *([given] if given != "ini" else []))
+        pytester.makeini("[pytest]\ntrainer_devices = cuda\n")
+    with pytest.raises(pytest.UsageError) as raised:
+        options.resolve(pytester.parseconfig(*([given] if given != "ini" else [])))
+    message = str(raised.value)
     source = "trainer_devices in " if given == "ini" else "--trainer-devices on the command line"
     assert message.startswith(f"{source}") and " asks for cuda, but CUDA is not available on this machine" in message
     assert "--trainer-devices=cpu" in message
-    assert _resolved(pytester, "--trainer-devices=cpu").devices == ("cpu",)
-
-
-def _resolved(pytester: pytest.Pytester, *args: str) -> Settings:
-    return options.resolve(pytester.parseconfig(*args))
-
-
-def _usage_error(pytester: pytest.Pytester, *args: str) -> str:
-    with pytest.raises(pytest.UsageError) as raised:
-        _resolved(pytester, *args)
-    return str(raised.value)
-
-
-def _ini(pytester: pytest.Pytester, **keys: str) -> None:
-    lines = "".join(f"{key} = {value}\n" for key, value in keys.items())
-    pytester.makefile(".ini", pytest=f"[pytest]\n{lines}")
+    assert options.resolve(pytester.parseconfig("--trainer-devices=cpu")).devices == ("cpu",)
