@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_trainer import gc_freezer
+from pytest_trainer import gc_freezer, huge_pages
 from pytest_trainer.commands import Command, Launch
 from pytest_trainer.diagnosis import ScriptError
 from pytest_trainer.plan import blocked_by
@@ -58,13 +58,15 @@ class TrainerSession:
         self._written: list[UserFolders] = []
         #: The libraries and the Trainers under test live as long as the session: out of the garbage collector's way.
         self.freezer = gc_freezer.Freezer()
+        self.huge_pages = huge_pages.HugePages()
         self._imported = False
 
     def import_libraries(self) -> None:
         """Import torch and transformers, which every stage needs, before the first one runs (once, the collector off:
-        see `gc_freezer`)."""
+        see `gc_freezer`), with huge pages asked for torch's large tensors (see `huge_pages`)."""
         if not self._imported:
             self._imported = True
+            self.huge_pages.enable()
             try:
                 self.freezer.import_quietly("transformers.trainer")
             except Exception:  # a broken install: the load item imports it again and says so, as a failure of its own
@@ -169,6 +171,7 @@ class TrainerSession:
             self._blocked.setdefault((key, device, stage), reason)
 
     def close(self) -> None:
+        self.huge_pages.restore()
         for folders in self._written:
             folders.restore()
         self._output.cleanup()

@@ -88,6 +88,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.renames",
         "pytest_trainer.explanations.registry",
         "pytest_trainer.gc_freezer",
+        "pytest_trainer.huge_pages",
         "pytest_trainer.extensions",
         "pytest_trainer.catalogue",
         "pytest_trainer.schema",
@@ -109,7 +110,7 @@ ROLES: tuple[str, ...] = (
     "twins of real checkpoints: where their files are, their configs narrowed, the models built in their place",
     "what a task's labels and inputs are",
     "facts: the model, tables, devices, settings, commands as the user runs them, the error base, whose code a frame runs, the user's files, "
-    "metric settings, renames, what an explanation row is, the objects kept out of the garbage collector's way, what "
+    "metric settings, renames, what an explanation row is, the objects kept out of the garbage collector's way, huge pages for torch's large tensors, what "
     "installed packages add, the declared checks, what stages hand later stages",
 )
 
