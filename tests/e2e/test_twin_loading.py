@@ -16,10 +16,6 @@ from pytest_trainer.twin import checkpoint, loading, shrink
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints"
 
-#: The one kind of checkpoint whose public config.json was not found as a verbatim copy: BERT-large, built from
-#: transformers' own class with the sizes of its model card.
-BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
-
 
 def narrowed(config: Any) -> Any:
     return type(config).from_dict(shrink.narrow(config.to_dict()))
@@ -82,7 +78,8 @@ def test_the_twin_of_whisper_large_v3_trains_on_its_128_mel_bins() -> None:
 
 
 def test_the_twin_of_bert_large_trains() -> None:
-    config = transformers.BertConfig(**BERT_LARGE)
+    config = transformers.BertConfig.from_pretrained(FIXTURES / "google-bert--bert-large-uncased")
+    assert 3.3e8 < checkpoint.parameters(transformers.BertForSequenceClassification, config) < 3.4e8
     model = transformers.BertForSequenceClassification(narrowed(config))
     assert parameters(model) < 25_000_000
     model(input_ids=torch.tensor([[101, 2000, 102]]), labels=torch.tensor([1])).loss.backward()

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 
 import peft  # noqa: F401
 import pytest
-import transformers
+import transformers  # noqa: F401
 import trl  # noqa: F401
-from checkpoints import cache, folder
+from checkpoints import FIXTURES, cache, folder
 from pipeline_runs import failures, outcomes, write
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: F401
 
@@ -450,9 +451,8 @@ ENCODER = """
 
 
 def test_a_full_fine_tune_of_a_large_encoder_passes_on_its_twin(project: pytest.Pytester) -> None:
-    transformers.BertConfig(
-        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
-    ).save_pretrained(project.path / "bert-large")
+    (project.path / "bert-large").mkdir()
+    shutil.copy(FIXTURES / "google-bert--bert-large-uncased" / "config.json", project.path / "bert-large")
     project.makepyfile(make_tokenizer="import tiny\ntiny.tokenizer().save_pretrained('tiny-tokenizer')\n")
     project.runpython(project.path / "make_tokenizer.py")
     write(project, "train.py", ENCODER)
