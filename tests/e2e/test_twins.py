@@ -395,9 +395,9 @@ LORA_DPO = """
 
 def test_a_lora_dpo_of_an_8b_checkpoint_passes_on_its_twin(hub: pytest.Pytester) -> None:
     write(hub, "train.py", LORA_DPO)
-    result = run(hub, "--trainer-stages=targets,forward,backward,step,save")  # overfit: 2.5 min here (128k tokens)
+    result = run(hub, "--trainer-stages=targets,forward,backward,step,overfit,save")
     assert failures(result) == []
-    for stage in ("targets", "forward", "backward", "step", "save"):
+    for stage in ("targets", "forward", "backward", "step", "overfit", "save"):
         assert outcomes(result)[f"{stage}[cpu]"] == "PASSED", stage
     result.stdout.fnmatch_lines(["model: a twin of meta-llama/Llama-3.1-8B-Instruct (LlamaForCausalLM, 8.03B*"])
 
