@@ -143,9 +143,19 @@ ROUNDING_STEPS = 8
 
 
 def output_tolerance(model: Any, float32: float) -> float:
-    """The relative difference allowed between two computations of the same outputs of `model`: `float32` for float32
-    weights, a few rounding steps of its weights' precision where that is coarser."""
+    """The relative difference allowed between two computations of the same outputs of `model`: `float32` where it
+    computes in float32 throughout, a few rounding steps of the coarsest precision it computes in otherwise.
+
+    That is its weights' coarsest floating dtype, or the dtype its quantized layers compute in (bitsandbytes' 4-bit
+    layers hold `compute_dtype`): a QLoRA model whose k-bit preparation made every floating weight float32 still
+    multiplies in the bf16 its quantization config names."""
     import torch
 
-    dtype = next((parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()), None)
-    return max(float32, ROUNDING_STEPS * torch.finfo(dtype).eps) if dtype is not None else float32
+    dtypes = {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()}
+    dtypes |= {
+        module.compute_dtype
+        for module in model.modules()
+        if isinstance(getattr(module, "compute_dtype", None), torch.dtype) and module.compute_dtype.is_floating_point
+    }
+    coarsest = max((torch.finfo(dtype).eps for dtype in dtypes), default=0.0)
+    return max(float32, ROUNDING_STEPS * coarsest)

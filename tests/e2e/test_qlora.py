@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import bitsandbytes  # noqa: F401
-import peft  # noqa: F401
+import peft
 import pytest
 import torch
 import transformers
@@ -15,6 +15,9 @@ import trl  # noqa: F401
 from checkpoints import folder
 from pipeline_runs import failures, outcomes, write
 from trl import SFTConfig, SFTTrainer  # noqa: F401
+
+from pytest_trainer import model_facts
+from pytest_trainer.stages import padding
 
 # The libraries above, and the trainers the scripts import, are imported here, before pytester's in-process runs, for
 # the reason conftest gives.
@@ -110,3 +113,17 @@ def test_an_adapter_saved_with_other_settings_fails_save(small_qwen: pytest.Pyte
             "(lora_alpha 16 trained, 64 saved)*"
         ]
     )
+
+
+def test_a_qlora_model_is_compared_at_the_precision_it_multiplies_in(small_qwen: pytest.Pytester) -> None:
+    """k-bit preparation makes every floating weight float32, while the 4-bit layers multiply in bf16: outputs of two
+    sequence lengths differ by bf16's rounding, which is no padding fault."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        small_qwen.path / "small-qwen",
+        quantization_config=transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16),
+        dtype=torch.bfloat16,
+    )
+    model = peft.prepare_model_for_kbit_training(model)
+    assert {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()} == {torch.float32}
+    tolerance = model_facts.output_tolerance(model, padding.TOLERANCE)
+    assert tolerance == model_facts.ROUNDING_STEPS * torch.finfo(torch.bfloat16).eps
