@@ -51,6 +51,14 @@ EXAMPLES: dict[str, Path] = {
 }
 #: Every example's whole suite against its own dry run (wall): the target each one is held to.
 EXAMPLE_TARGET = 1.3
+#: A script of a real 7B checkpoint whose weights are absent: the plugin tests it on the checkpoint's twin.
+TWIN_SCRIPT = BENCH / "twin_qlora.py"
+TWIN_CHECKPOINT = "Qwen--Qwen2.5-7B-Instruct"
+TWIN_SUITE = "suite: twin of Qwen2.5 7B (QLoRA SFT by hub id, config and tokenizer only)"
+TWIN_WITHOUT_HUGE_PAGES = f"{TWIN_SUITE}, THP_MEM_ALLOC_ENABLE=0"
+#: What the twin's whole suite is held to on a CPU runner: wall seconds and peak RSS MiB. No dry run stands beside
+#: it: the real model's step needs its weights, which the runner neither has nor could hold.
+TWIN_TARGETS = (60.0, 4096.0)
 PY = sys.executable
 SUITE, DRY, DS_1K, DS_100K, IMPORTS, FEWER = (
     "suite (default CPU)",
@@ -138,7 +146,30 @@ def commands(root: Path) -> list[Command]:
     for kind, script in EXAMPLES.items():
         if script != MNLI / "train.py":  # measured above
             found += [Command(f"suite: {kind}", suite(script)), Command(f"dry run: {kind}", dry_run(script))]
+    twin = [*suite(TWIN_SCRIPT), "--trainer-gpu-memory=24"]  # the memory item forecasts the checkpoint against 24 GiB
+    # The same suite with torch's huge pages turned off: what pytest_trainer/huge_pages.py saves.
+    found += [Command(TWIN_SUITE, twin), Command(TWIN_WITHOUT_HUGE_PAGES, ["env", "THP_MEM_ALLOC_ENABLE=0", *twin])]
     return found
+
+
+def twin_cache(home: Path) -> None:
+    """The checkpoint's config and tokenizer files in a Hugging Face cache under `home`, as the twin tests lay it."""
+    sys.path.insert(0, str(BENCH.parent / "tests" / "e2e"))
+    import checkpoints
+
+    checkpoints.cache(home, TWIN_CHECKPOINT)
+
+
+def twin_rows(medians: dict[str, Sample]) -> list[str]:
+    wall, rss = TWIN_TARGETS
+    rows = []
+    for name in (TWIN_SUITE, TWIN_WITHOUT_HUGE_PAGES):
+        sample = medians[name]
+        verdict = "met" if sample.wall_s <= wall and sample.rss_mib <= rss else "missed"
+        rows.append(
+            f"| {name} | {sample.wall_s:.2f} | {sample.rss_mib:.0f} | ≤ {wall:g} s, ≤ {rss:g} MiB | {verdict} |"
+        )
+    return rows
 
 
 def stage_times(
@@ -278,6 +309,13 @@ def report(
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
             *example_rows(medians),
             "",
+            "A real checkpoint on a CPU runner: the whole default suite of `bench/twin_qlora.py` on the twin of "
+            "Qwen2.5 7B (medians; no dry run beside it, the real model's step needs weights the runner has not):",
+            "",
+            "| Command | Wall s | Peak RSS MiB | Target | |",
+            "| --- | ---: | ---: | --- | --- |",
+            *twin_rows(medians),
+            "",
             "Where each suite's time goes (one more run of each with `--durations=0`; pytest's share is its start-up, "
             "collection, report and exit):",
             "",
@@ -311,7 +349,9 @@ def main() -> None:
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
             "HF_DATASETS_CACHE": str(root / "hf-datasets-cache"),
+            "HF_HOME": str(root / "hf-home"),
         }
+        twin_cache(root / "hf-home")
         cmds = commands(root)
         log = root / "output.log"
         for cmd in cmds:
