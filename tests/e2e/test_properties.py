@@ -273,7 +273,9 @@ FLATTENED = """
         lambda batch: {**tok(batch["text"]), "labels": tok(batch["text"])["input_ids"]}, batched=True,
         remove_columns=["text"])
     args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=1e-3, report_to="none")
-    trainer = Trainer(model=lm.model(), args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
+    model = lm.model()
+    model.config.use_cache = False  # transformers 4 separates packed documents by position_ids only without a cache
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
                       data_collator=DataCollatorWithFlattening())
     trainer.train()
 """
