@@ -140,22 +140,26 @@ def logits_of(outputs: Any) -> Any:
 #: In weights of lower precision than float32, outputs may differ by this many of their rounding steps (bf16 rounds to
 #: 2**-8 of a value, fp16 to 2**-11) between two computations of the same thing (two sequence lengths, say).
 ROUNDING_STEPS = 8
+#: bitsandbytes' 8-bit layers, which cast their inputs to fp16 and multiply in int8 with fp16 outliers.
+EIGHT_BIT_LAYERS = ("Linear8bitLt",)
 
 
 def output_tolerance(model: Any, float32: float) -> float:
     """The relative difference allowed between two computations of the same outputs of `model`: `float32` where it
     computes in float32 throughout, a few rounding steps of the coarsest precision it computes in otherwise.
 
-    That is its weights' coarsest floating dtype, or the dtype its quantized layers compute in (bitsandbytes' 4-bit
-    layers hold `compute_dtype`): a QLoRA model whose k-bit preparation made every floating weight float32 still
+    That is its weights' coarsest floating dtype of 16 bits or more (float8 weights are storage: their layers compute
+    in 16 bits), or the dtype its quantized layers compute in: bitsandbytes' 4-bit layers hold `compute_dtype`, and its
+    8-bit layers multiply in fp16. A QLoRA model whose k-bit preparation made every floating weight float32 still
     multiplies in the bf16 its quantization config names."""
     import torch
 
     dtypes = {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()}
-    dtypes |= {
-        module.compute_dtype
-        for module in model.modules()
-        if isinstance(getattr(module, "compute_dtype", None), torch.dtype) and module.compute_dtype.is_floating_point
-    }
-    coarsest = max((torch.finfo(dtype).eps for dtype in dtypes), default=0.0)
+    for module in model.modules():
+        computes = getattr(module, "compute_dtype", None)
+        if isinstance(computes, torch.dtype) and computes.is_floating_point:
+            dtypes.add(computes)
+        elif type(module).__name__ in EIGHT_BIT_LAYERS:
+            dtypes.add(torch.float16)
+    coarsest = max((torch.finfo(dtype).eps for dtype in dtypes if dtype.itemsize >= 2), default=0.0)
     return max(float32, ROUNDING_STEPS * coarsest)

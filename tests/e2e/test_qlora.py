@@ -127,3 +127,24 @@ def test_a_qlora_model_is_compared_at_the_precision_it_multiplies_in(small_qwen:
     assert {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()} == {torch.float32}
     tolerance = model_facts.output_tolerance(model, padding.TOLERANCE)
     assert tolerance == model_facts.ROUNDING_STEPS * torch.finfo(torch.bfloat16).eps
+
+
+def test_an_8bit_model_is_compared_at_fp16s_precision(small_qwen: pytest.Pytester) -> None:
+    """bitsandbytes' 8-bit layers cast their inputs to fp16 whatever the weights around them hold."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        small_qwen.path / "small-qwen", quantization_config=transformers.BitsAndBytesConfig(load_in_8bit=True)
+    )
+    model = peft.prepare_model_for_kbit_training(model)
+    assert torch.bfloat16 not in {parameter.dtype for parameter in model.parameters()}
+    tolerance = model_facts.output_tolerance(model, padding.TOLERANCE)
+    assert tolerance == model_facts.ROUNDING_STEPS * torch.finfo(torch.float16).eps
+
+
+def test_float8_weights_are_storage_not_the_precision_compared_at() -> None:
+    """A float8 checkpoint's layers compute in 16 bits: its weights' 1-byte rounding is not the tolerance (which at
+    8 steps of float8's would let every padding fault pass)."""
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 4)).to(torch.bfloat16)
+    model[1].weight = torch.nn.Parameter(model[1].weight.to(torch.float8_e4m3fn), requires_grad=False)
+    tolerance = model_facts.output_tolerance(model, padding.TOLERANCE)
+    assert tolerance == model_facts.ROUNDING_STEPS * torch.finfo(torch.bfloat16).eps
+    assert model_facts.output_tolerance(torch.nn.Linear(4, 4), padding.TOLERANCE) == padding.TOLERANCE
