@@ -58,7 +58,13 @@ class TrainerSession:
         self._written: list[UserFolders] = []
         #: The libraries and the Trainers under test live as long as the session: out of the garbage collector's way.
         self.freezer = gc_freezer.Freezer()
-        self.huge_pages = huge_pages.HugePages()
+        self.huge_pages = huge_pages.HugePages(
+            commanded=any(
+                name == huge_pages.VARIABLE for command in settings.commands for name, _ in command.environment
+            )
+        )
+        if settings.modules or settings.commands:  # before anything the session collects can allocate a tensor
+            self.huge_pages.enable()
         self._imported = False
 
     def import_libraries(self) -> None:
@@ -105,6 +111,7 @@ class TrainerSession:
                 "or raise --trainer-timeout",
             )
 
+        self.huge_pages.enable()  # a marked test's script (the `trainer` fixture's too) may come before any stage
         output_dir = Path(self._output.name) / f"{len(self._scripts)}-{script.stem}"
         sandbox = Sandbox(output_dir, self.settings.sample, self.settings.batch_size, model=model)
         known = script_modules()

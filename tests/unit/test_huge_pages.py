@@ -36,6 +36,12 @@ def test_a_value_changed_during_the_session_is_left_as_it_is() -> None:
     environ: dict[str, str] = {}
     pages = HugePages(environ, "linux")
     pages.enable()
-    environ[VARIABLE] = "0"  # the script turned it off for the processes it starts
+    environ[VARIABLE] = "0"  # a test of the user's own turned it off for the processes it starts
     pages.restore()
     assert environ == {VARIABLE: "0"}
+
+
+def test_a_command_that_sets_it_is_run_with_its_own_value() -> None:
+    environ: dict[str, str] = {}
+    HugePages(environ, "linux", commanded=True).enable()
+    assert environ == {}
