@@ -108,9 +108,14 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         faster = _attempt(pipeline, device, factor)
         curve["tries"].append(faster.picture())
         if faster.learned:
+            why = (
+                "a twin's random weights learn slowly at a fine-tuning rate, which says nothing of the checkpoint's"
+                if pipeline.twins
+                else "the rate may be low for this model"
+            )
             result.notes.append(
                 f"the loss fell only at {factor}x the learning rate ({faster.shown()}); at the script's rate: "
-                f"{first.shown()}. The pipeline learns; the rate may be low for this model"
+                f"{first.shown()}. The pipeline learns; {why}"
             )
             return result
     cause = "no trainable parameter changed" if not first.moved else "the loss barely moves"

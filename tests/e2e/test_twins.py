@@ -399,6 +399,8 @@ def test_a_lora_dpo_of_an_8b_checkpoint_passes_on_its_twin(hub: pytest.Pytester)
     assert failures(result) == []
     for stage in ("targets", "forward", "backward", "step", "overfit", "save"):
         assert outcomes(result)[f"{stage}[cpu]"] == "PASSED", stage
+    overfit = next(item for item in report(hub) if item["stage"] == "overfit")  # learned at 10x the rate, said so
+    assert any("a twin's random weights learn slowly at a fine-tuning rate" in note for note in overfit["notes"])
     result.stdout.fnmatch_lines(["model: a twin of meta-llama/Llama-3.1-8B-Instruct (LlamaForCausalLM, 8.03B*"])
 
 
