@@ -161,6 +161,7 @@ def twin_cache(home: Path) -> None:
 
 
 def twin_rows(medians: dict[str, Sample]) -> list[str]:
+    """The twin's suites against TWIN_TARGETS, each marked met or missed."""
     wall, rss = TWIN_TARGETS
     rows = []
     for name in (TWIN_SUITE, TWIN_WITHOUT_HUGE_PAGES):
