@@ -12,12 +12,12 @@ s, and the whole default suite of that script 90 s instead of 197 s. It changes 
 computed, and nothing where the kernel has huge pages off (`/sys/kernel/mm/transparent_hugepage/enabled`).
 
 The session sets the variable on Linux, where neither the environment nor a command under test (`--trainer-command=
-"THP_MEM_ALLOC_ENABLE=0 ..."`) sets it: as pytest starts where scripts or commands are given, and before a marked
-test's script runs otherwise. A user's own value (0 turns it off) is kept. The processes a stage starts (the
-distributed items) inherit it. When the session ends, the environment is put back as it was. Where torch allocated
-before the variable was set (a test of the user's own that ran first, a `trainer` fixture that builds its model
-itself), it has no effect. PyTorch leaves it off by default because a process may hold a little more memory with it:
-the twin's suite above peaked 0.6% higher.
+"THP_MEM_ALLOC_ENABLE=0 ..."`) sets it: as pytest starts where scripts or commands are given, and before a marked test's
+script runs otherwise. A user's own value (0 turns it off) is kept. The processes a stage starts (the distributed items)
+inherit it. When the session ends, the environment is put back as it was. Where torch allocated before the variable was
+set (a test of the user's own that ran first, a `trainer` fixture of the user's that built its model before the first
+stage's set-up), it has no effect. PyTorch leaves it off by default because a process may hold a little more memory with
+it: the twin's suite above peaked 0.6% higher.
 """
 
 from __future__ import annotations
