@@ -72,6 +72,11 @@ class Family:
         loss, outputs = result if isinstance(result, tuple) else (result, None)
         return loss, outputs
 
+    def loss_value(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """The loss alone, as a training step takes it: a family that runs a forward of its own for the outputs
+        (`SFT`) skips it here."""
+        return self.loss(trainer, model, batch)[0]
+
     def judged(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The figure that falls when the model learns the fixed batch (`judged_as`): the loss itself."""
         return self.loss(trainer, model, batch)
@@ -147,14 +152,24 @@ class SFT(Family):
         logits, and asking its compute_loss for them (return_outputs=True) is deprecated."""
         import torch
 
+        loss = self.loss_value(trainer, model, batch)
+        with (
+            diagnosis.pipeline_part("the model's forward (through the Trainer's compute_loss)"),
+            trainer.compute_loss_context_manager(),
+            torch.no_grad(),
+        ):
+            outputs = model(**{key: value for key, value in batch.items() if key != "labels"}, use_cache=False)
+        return loss, outputs
+
+    def loss_value(self, trainer: Trainer, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """The trainer's own loss without the second forward: it builds the logits of the whole vocabulary, which a
+        training step never holds beside the loss's graph."""
         with (
             diagnosis.pipeline_part("the model's forward (through the Trainer's compute_loss)"),
             trainer.compute_loss_context_manager(),
         ):
             loss: torch.Tensor = trainer.compute_loss(model, dict(batch))  # type: ignore[assignment]
-            with torch.no_grad():
-                outputs = model(**{key: value for key, value in batch.items() if key != "labels"}, use_cache=False)
-        return loss, outputs
+        return loss
 
 
 class Preference(Family):

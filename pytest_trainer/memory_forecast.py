@@ -325,7 +325,7 @@ def _prime(model: torch.nn.Module, optimizer: Any) -> None:
 
 def _step(pipeline: Pipeline, model: torch.nn.Module, batch: dict[str, Any], optimizer: Any, autocast: Any) -> None:
     with autocast:  # the outputs are dropped before backward, as the Trainer's training_step drops them
-        loss = pipeline.loss(model, batch)[0]
+        loss = pipeline.loss_only(model, batch)[0]
     with diagnosis.pipeline_part("backward() through the model"):
         loss.backward()
     with diagnosis.pipeline_part("the optimizer's step"):

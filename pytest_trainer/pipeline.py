@@ -177,11 +177,13 @@ class Pipeline:
             self._starting_weights(model)
             batch = self.batches.first_on(device)
             if self.family.judged_as == "loss":
-                run = FixedBatchRun(self.trainer, self.loss, model, batch, factor, lambda: self.starting_loss(device))
+                run = FixedBatchRun(
+                    self.trainer, self.loss_only, model, batch, factor, lambda: self.starting_loss(device)
+                )
             else:  # judged by a figure of its own, at the starting weights too
                 run = FixedBatchRun(
                     self.trainer,
-                    self.loss,
+                    self.loss_only,
                     model,
                     batch,
                     factor,
@@ -195,7 +197,7 @@ class Pipeline:
         """The fixed batch's loss at the starting weights, in eval mode (the forward stage's figure)."""
         if device not in self._start_losses:
             self._start_losses[device] = checked_loss(
-                self.eval_loss(self._moved(device), self.batches.first_on(device))[0]
+                training.eval_loss(self.loss_only, self._moved(device), self.batches.first_on(device))[0]
             )
         return self._start_losses[device]
 
@@ -220,6 +222,11 @@ class Pipeline:
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The trainer's own loss on `batch` (its family's way of taking it) and the model's outputs."""
         return self.family.loss(self.trainer, model, batch)
+
+    def loss_only(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, None]:
+        """The trainer's own loss on `batch` without the outputs, as a training step takes it (no output is built that
+        the step would not hold)."""
+        return self.family.loss_value(self.trainer, model, batch), None
 
     def judged(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """The figure that falls as the model learns `batch` (the loss, unless the family says otherwise)."""

@@ -51,7 +51,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             feature[column] = _relabel(feature[column], value)
         batch = pipeline.batches.collate(features, device)
         with torch.no_grad():
-            loss, _ = pipeline.loss(model, batch)
+            loss, _ = pipeline.loss_only(model, batch)
         if has_targets(batch, pipeline.task):
             checked_loss(loss)
 

@@ -42,7 +42,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         try:
             batch = pipeline.batches.collate(list(example.features), device)
             with torch.no_grad():
-                loss, _ = pipeline.loss(model, batch)
+                loss, _ = pipeline.loss_only(model, batch)
             if has_targets(batch, pipeline.task):
                 checked_loss(loss)
         except Exception as error:

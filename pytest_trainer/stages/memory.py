@@ -203,12 +203,12 @@ def _measured_step(pipeline: Pipeline, model: Any, batch: dict[str, Any], dtype:
 
     with pipeline.weights_kept(model), training.trainer_optimizer(pipeline.trainer, model) as (optimizer, _):
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            training.one_step(pipeline.loss, model, batch, optimizer, None)
+            training.one_step(pipeline.loss_only, model, batch, optimizer, None)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()  # with what is on the GPU beside the step (a copy of the weights)
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            training.one_step(pipeline.loss, model, batch, optimizer, None)
+            training.one_step(pipeline.loss_only, model, batch, optimizer, None)
         torch.cuda.synchronize()
         resident = {id(t): t for t in [*model.parameters(), *model.buffers()] if t.is_cuda}
         resident.update(

@@ -121,7 +121,7 @@ def _check_autocast(
     with pipeline.weights_kept(model):
         model.train()
         with torch.autocast(device_type=device, dtype=dtype):
-            loss, _ = pipeline.loss(model, batch)
+            loss, _ = pipeline.loss_only(model, batch)
         value = float(loss.detach().float())
         if not math.isfinite(value):
             raise diagnosis.PipelineFailure(

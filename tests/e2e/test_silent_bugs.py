@@ -164,10 +164,15 @@ PASSES_COUNT = """
 """
 
 
-def test_accumulation_that_scales_the_gradients_fails_backward_and_correct_forms_pass(project: pytest.Pytester) -> None:
-    write(project, "ignores_count.py", LM_SCRIPT.format(trainer=IGNORES_COUNT, cls="MeanTrainer"))
-    write(project, "passes_count.py", LM_SCRIPT.format(trainer=PASSES_COUNT, cls="CountingTrainer"))
-    write(project, "plain.py", LM_SCRIPT.format(trainer="", cls="Trainer"))
+@pytest.mark.parametrize(("steps", "rows"), [(4, 8), (2, 4)])
+def test_accumulation_that_scales_the_gradients_fails_backward_and_correct_forms_pass(
+    project: pytest.Pytester, steps: int, rows: int
+) -> None:
+    # At 2 steps the check takes 2 rows to each micro-batch, 4 of the batch's 8.
+    script = LM_SCRIPT.replace("gradient_accumulation_steps=4", f"gradient_accumulation_steps={steps}")
+    write(project, "ignores_count.py", script.format(trainer=IGNORES_COUNT, cls="MeanTrainer"))
+    write(project, "passes_count.py", script.format(trainer=PASSES_COUNT, cls="CountingTrainer"))
+    write(project, "plain.py", script.format(trainer="", cls="Trainer"))
     scripts = ["ignores_count.py", "passes_count.py", "plain.py"]
     result = run_scripts(project, scripts, "backward,step")
     passed(result, "passes_count.py")
@@ -176,8 +181,9 @@ def test_accumulation_that_scales_the_gradients_fails_backward_and_correct_forms
     assert outcomes(result, "ignores_count.py")["step[cpu]"] == "PASSED"
     result.stdout.fnmatch_lines(
         [
-            "*backward[[]cpu[]] failed: with gradient_accumulation_steps=4, the 8 rows of one batch taken as 4 accumulated "
-            "micro-batches get gradients 4.*x (and a logged loss 4.*x) those of the same rows at accumulation 1: "
+            f"*backward[[]cpu[]] failed: with gradient_accumulation_steps={steps}, the {rows} rows of one batch taken as "
+            f"{steps} accumulated micro-batches get gradients {steps}.*x (and a logged loss {steps}.*x) those of the same "
+            "rows at accumulation 1: "
             "MeanTrainer.compute_loss returns each micro-batch's mean loss and ignores num_items_in_batch*",
             "*fix: in MeanTrainer.compute_loss, pass num_items_in_batch on to the model*",
         ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -121,3 +122,68 @@ def test_first_rows_cuts_the_tensors_whose_first_dimension_is_the_batch() -> Non
     assert cut["input_ids"].shape == (2, 5) and cut["labels"].shape == (2,)
     assert cut["scale"] is batch["scale"] and cut["pixel_mean"] is batch["pixel_mean"]
     assert first_rows({"input_ids": torch.zeros(1, 5)}, "input_ids", 2)["input_ids"].shape == (1, 5)
+
+
+def _sft_trainer(output_dir: str) -> Any:
+    """TRL's SFTTrainer on a tiny Llama and pre-tokenized rows: its loss goes through TRL's fused LM head."""
+    from datasets import Dataset
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    words = {"[PAD]": 0, "[UNK]": 1, "[EOS]": 2, **{f"w{index}": index for index in range(3, 64)}}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(words, unk_token="[UNK]")),
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        eos_token="[EOS]",
+    )
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
+    rows = [[3 + (row + column) % 60 for column in range(6 + row)] for row in range(8)]
+    args = SFTConfig(output_dir=output_dir, per_device_train_batch_size=4, report_to=[], use_cpu=True, bf16=False)
+    return SFTTrainer(
+        LlamaForCausalLM(config),
+        args=args,
+        train_dataset=Dataset.from_dict({"input_ids": rows}),
+        processing_class=tokenizer,
+    )
+
+
+def test_a_step_on_an_sft_pipeline_runs_the_model_as_often_as_trls_own_training_step(tmp_path: Any) -> None:
+    # The checks that read logits ask the model for them in a forward of their own (TRL's loss builds none); a step
+    # must not: over Qwen's or Llama's vocabulary those logits cost a step's time and memory again.
+    from pytest_trainer.pipeline import Pipeline
+
+    trainer = _sft_trainer(str(tmp_path))
+    pipeline = Pipeline(trainer, "direct")
+    model, batch = pipeline.model_on("cpu"), pipeline.batches.first_on("cpu")
+    calls: list[bool] = []
+    handle = model.register_forward_hook(lambda module, inputs, output: calls.append(torch.is_grad_enabled()))
+    try:
+        trainer.current_gradient_accumulation_steps = 1  # as Trainer.train() sets it
+        trainer.training_step(model, dict(batch))
+        trainers = len(calls)
+        calls.clear()
+        run = pipeline.fixed_batch_run("cpu")
+        run.starting_loss()
+        starting = len(calls)
+        calls.clear()
+        run.step()
+        stepped = len(calls)
+        calls.clear()
+        _, outputs = pipeline.loss(model, batch)
+    finally:
+        handle.remove()
+        pipeline.end_fixed_batch_runs()
+    assert (trainers, starting, stepped) == (1, 1, 1), (trainers, starting, stepped)
+    assert len(calls) == 2 and outputs.logits.shape[-1] == 64, "a check that reads the logits gets them"
