@@ -51,6 +51,8 @@ class Origin:
     twins: tuple[Twin, ...] = ()
     #: Facts about how the pipeline was loaded, for the report (sampling, say).
     notes: tuple[str, ...] = ()
+    #: What the load item reports that the script's settings get wrong (a DeepSpeed config at odds with its arguments).
+    findings: tuple[diagnosis.Finding, ...] = ()
 
 
 class Pipeline:
@@ -65,6 +67,8 @@ class Pipeline:
         self.command, self.factory, self.asked_fsdp = origin.command, origin.factory, origin.asked_fsdp
         self.cuts, self.sources = origin.cuts, origin.sources
         self.asked_precision, self.twins = origin.asked_precision, origin.twins
+        #: What the load item reports that the script's settings get wrong.
+        self.load_findings = origin.findings
         #: Facts about how the pipeline was loaded, for the report (sampling, say).
         self.notes: list[str] = list(origin.notes)
         #: How this kind of trainer makes its batches and takes its loss.

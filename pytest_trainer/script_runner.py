@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from pytest_trainer import base_frame, commands, frames, user_files
+from pytest_trainer import base_frame, commands, engines, frames, user_files
 from pytest_trainer.commands import Command, CommandError, Launch
 from pytest_trainer.devices import GPU_PRECISION
-from pytest_trainer.diagnosis import ScriptError
+from pytest_trainer.diagnosis import Finding, ScriptError
 from pytest_trainer.explanations import script_rows
 from pytest_trainer.twin.loading import Twin, TwinError, Twins
 
@@ -75,6 +75,8 @@ class _Capture:
         self.asked: set[str] = set()
         #: Engines the script asked for that this machine cannot run, turned off: one line each.
         self.unexercised: list[str] = []
+        #: What the configs of those engines get wrong, for the load item (each once).
+        self.findings: list[Finding] = []
         #: The fsdp_config of arguments that ask for FSDP, turned off in one process (None: none asks for it).
         self.fsdp: dict[str, Any] | None = None
         #: What the libraries logged at WARNING or above while the script ran ("trl: ..."), each once.
@@ -132,7 +134,7 @@ class LoadedScript:
     precision: tuple[str, ...] = ()
     #: The precision settings the script asked for (bf16, fp16, ...), whether or not this machine could keep them.
     asked_precision: frozenset[str] = frozenset()
-    #: Engines the script asked for that this machine cannot run (vLLM), turned off and not exercised.
+    #: Engines the script asked for that this machine cannot run (vLLM, DeepSpeed), turned off and not exercised.
     unexercised: tuple[str, ...] = ()
     #: The fsdp_config of a script that asks for FSDP, which one process cannot run (None: it does not ask).
     fsdp: dict[str, Any] | None = None
@@ -151,6 +153,8 @@ class LoadedScript:
     #: that called train() holds: the data as stored before map() turned it into features, which a check may read
     #: back against the split's rows.
     sources: tuple[Any, ...] = ()
+    #: What the configs of the engines the script asks for get wrong, which the load item reports.
+    findings: tuple[Finding, ...] = ()
 
 
 def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -187,7 +191,7 @@ def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> Loa
             pass
         except ScriptError:
             raise
-        except TwinError as error:
+        except (TwinError, engines.EngineError) as error:
             raise ScriptError(script, error.cause, error.fix, _script_frame(script, error)) from error
         except SystemExit as exit:
             raise _exit_error(command, exit, output.lines()) from None
@@ -234,6 +238,7 @@ def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> Loa
         tuple(dict.fromkeys(capture.launches)),
         tuple(capture.started_here),
         tuple({id(source): source for source in capture.sources}.values()),
+        tuple(capture.findings),
     )
 
 
@@ -482,9 +487,11 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
             capture.folders.watch(self.output_dir)
         launched = launcher_precision_for_this_machine(self)
         asked = precision_for_this_machine(self)
-        unexercised = engines_for_this_machine(self)
-        if unexercised and unexercised not in capture.unexercised:
-            capture.unexercised.append(unexercised)
+        asked_engines = engines.for_this_machine(self)
+        capture.unexercised += [line for line in asked_engines.unexercised if line not in capture.unexercised]
+        capture.findings += [
+            found for found in asked_engines.findings if found.cause not in {known.cause for known in capture.findings}
+        ]
         original_post_init(self)
         fsdp = fsdp_for_this_machine(self)
         if fsdp is not None:
@@ -561,29 +568,6 @@ def launcher_precision_for_this_machine(args: Any) -> list[str]:
     if not torch.cuda.is_available():
         os.environ["ACCELERATE_MIXED_PRECISION"] = "no"  # put back with the rest of the environment after the script
     return [launched]
-
-
-def engines_for_this_machine(args: Any) -> str | None:
-    """Turn off the vLLM generation an online RL config asks for where vLLM cannot run (not installed, or no GPU);
-    the line saying so, or None."""
-    import torch
-
-    if not getattr(args, "use_vllm", False):
-        return None
-    missing = (
-        "vLLM is not installed"
-        if importlib.util.find_spec("vllm") is None
-        else "this machine has no GPU"
-        if not torch.cuda.is_available()
-        else None
-    )
-    if missing is None:
-        return None
-    args.use_vllm = False
-    return (
-        f"the script asks for use_vllm=True; {missing}, so completions are sampled with the model's own "
-        "generate (the script's generation settings) and vLLM itself is not exercised"
-    )
 
 
 def fsdp_for_this_machine(args: Any) -> dict[str, Any] | None:

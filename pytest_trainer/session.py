@@ -149,6 +149,7 @@ class TrainerSession:
             asked_precision=loaded.asked_precision,
             twins=loaded.twins,
             notes=tuple(notes),
+            findings=loaded.findings,
         )
         return self._pipeline(loaded.trainer, name, origin)
 

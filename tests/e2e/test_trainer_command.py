@@ -240,6 +240,73 @@ def test_a_launcher_refusing_what_the_command_passes_on_fails_load_with_its_reas
     assert load["fix"].startswith("change what `trainpkg-cli forward --lr=0` passes on to accelerate launch")
 
 
+#: A script that takes every training argument from the command line, as transformers' examples do.
+HF_ARGS = """
+    import tiny
+    from transformers import HfArgumentParser, Trainer, TrainingArguments
+
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+    tok = tiny.tokenizer()
+    trainer = Trainer(model=tiny.classifier(), args=args, processing_class=tok,
+                      train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
+    trainer.train()
+"""
+#: ZeRO-3 with offload, its batch and precision left to the arguments, as DeepSpeed's example configs are.
+ZERO_3 = {
+    "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+    "bf16": {"enabled": "auto"},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+}
+
+
+def test_a_deepspeed_config_runs_without_deepspeed_and_says_what_is_not_exercised(repo: pytest.Pytester) -> None:
+    repo.path.joinpath("hf_args.py").write_text(textwrap.dedent(HF_ARGS))
+    repo.path.joinpath("configs").mkdir()
+    repo.path.joinpath("configs", "zero3.json").write_text(json.dumps(ZERO_3))
+    command = "deepspeed --num_gpus 8 hf_args.py --output_dir out --report_to none --deepspeed configs/zero3.json"
+    result, found = items(repo, f"--trainer-command={command}", STAGES)
+    assert {item["outcome"] for item in found.values()} == {"passed"}, verdicts(found, command)
+    result.stdout.fnmatch_lines(
+        [
+            "not exercised: the script asks for DeepSpeed (configs/zero3.json: ZeRO stage 3, parameters and optimizer "
+            "states offloaded to the CPU); * so the Trainer takes its steps without it, with its own optimizer*"
+        ]
+    )
+    missing = command.replace("configs/zero3.json", "zero3.json")
+    _, found = items(repo, f"--trainer-command={missing}", "--trainer-stages=load")
+    load = found[(missing, "load[cpu]")]
+    assert load["outcome"] == "failed"
+    assert load["diagnosis"].startswith(
+        "the DeepSpeed config zero3.json that TrainingArguments(deepspeed=...) names is not found from the working "
+        f"directory {repo.path}"
+    ), load["diagnosis"]
+    assert load["fix"].startswith("give the config's path from the directory the script is launched in")
+
+
+def test_a_deepspeed_config_at_odds_with_the_arguments_fails_load_and_the_other_items_run(
+    repo: pytest.Pytester,
+) -> None:
+    repo.path.joinpath("hf_args.py").write_text(textwrap.dedent(HF_ARGS))
+    repo.path.joinpath("zero3.json").write_text(json.dumps({**ZERO_3, "gradient_accumulation_steps": 4}))
+    command = "deepspeed hf_args.py --output_dir out --report_to none --deepspeed zero3.json"
+    _, found = items(repo, f"--trainer-command={command}", STAGES)
+    assert verdicts(found, command) == {
+        "load[cpu]": (
+            "failed",
+            "the DeepSpeed config zero3.json sets 1 value the TrainingArguments set otherwise "
+            "(gradient_accumulation_steps=4 in the config, gradient_accumulation_steps=1 in the arguments): on the GPU "
+            'machine trainer.train() stops with "Please correct the following DeepSpeed config values that mismatch '
+            'TrainingArguments values"',
+        ),
+        "forward[cpu]": ("passed", ""),
+        "step[cpu]": ("passed", ""),
+    }
+    fixed = command.replace("--report_to none", "--report_to none --gradient_accumulation_steps 4")
+    _, found = items(repo, f"--trainer-command={fixed}", STAGES)
+    assert {item["outcome"] for item in found.values()} == {"passed"}, verdicts(found, fixed)
+
+
 def test_a_command_leaves_the_process_and_the_repository_as_it_found_them(repo: pytest.Pytester) -> None:
     before = sorted(str(path.relative_to(repo.path)) for path in repo.path.rglob("*") if "__pycache__" not in str(path))
     result, _ = items(

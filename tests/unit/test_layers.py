@@ -65,7 +65,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pytest_trainer.distributed.processes",
         "pytest_trainer.distributed.sharding",
     ),  # trainer families, fed data, training runs, one rank of several
-    ("pytest_trainer.script_runner", "pytest_trainer.explanations.script_rows"),  # a script up to trainer.train()
+    (
+        "pytest_trainer.script_runner",
+        "pytest_trainer.engines",
+        "pytest_trainer.explanations.script_rows",
+    ),  # a script up to trainer.train()
     (
         "pytest_trainer.twin",
         "pytest_trainer.twin.loading",
@@ -106,7 +110,8 @@ ROLES: tuple[str, ...] = (
     "extractor, the judges of several processes, the pictures",
     "one Trainer as the stages see it",
     "trainer families, the fed data, training runs, losses, adapters, one rank of several processes",
-    "running a script up to trainer.train(), and the explanation rows of the errors it raises",
+    "running a script up to trainer.train(), the engines it asks for that this machine cannot run, and the "
+    "explanation rows of the errors it raises",
     "twins of real checkpoints: where their files are, their configs narrowed, the models built in their place",
     "what a task's labels and inputs are",
     "facts: the model, tables, devices, settings, commands as the user runs them, the error base, whose code a frame runs, the user's files, "
