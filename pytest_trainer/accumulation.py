@@ -5,9 +5,9 @@ accumulation steps, or, when the model takes loss kwargs (its forward has `**kwa
 labelled items as `num_items_in_batch` and leaves the scaling to the loss. A loss that ignores `num_items_in_batch`
 (a `compute_loss` of the user's own, or a model whose loss is a plain mean) then makes every step's gradients and
 logged loss `gradient_accumulation_steps` times too large, silently. The check runs the Trainer's own
-`training_step` (its `compute_loss`, its counting of items, its scaling) over the first rows of one batch at
-accumulation 1 and over the same rows as micro-batches of two, in eval mode so that dropout cannot tell them apart,
-and compares the gradients.
+`training_step` (its `compute_loss`, its counting of items, its scaling) over one batch (its first rows, where the
+loss takes the count) at accumulation 1 and over the same rows as micro-batches, in eval mode so that dropout cannot
+tell them apart, and compares the gradients.
 """
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ from pytest_trainer.catalogue import RUN, checks
 
 #: A ratio of gradients beyond this (or below its inverse) is a scaling bug, not rounding or uneven micro-batches.
 TOLERANCE = 1.5
-#: Rows in each micro-batch compared: a scaling bug scales the gradients by the accumulation steps at any size, and
-#: each pass costs a training step of its rows (over a checkpoint's whole vocabulary, on a twin). Two, so that each
-#: micro-batch still pads rows of different lengths beside each other, as training's do.
+#: Rows in each micro-batch compared where the Trainer passes the batch's count of labelled items to the loss: a
+#: correct loss then gives the whole batch's gradients exactly at any size, a scaling bug scales them by the
+#: accumulation steps, and each pass costs a training step of its rows (over a checkpoint's whole vocabulary, on a
+#: twin). Two, so that each micro-batch still pads rows of different lengths beside each other, as training's do.
+#: Where the Trainer averages each micro-batch's own mean loss instead, micro-batches of few rows weigh their tokens
+#: unevenly: the whole batch is compared.
 ROWS_PER_MICRO_BATCH = 2
 
 
@@ -48,8 +51,8 @@ def rows_of(batch: dict[str, Any]) -> int | None:
 
 
 def compare(trainer: Any, model: Any, batch: dict[str, Any]) -> Comparison | None:
-    """Gradients and logged loss of the first rows of `batch` (ROWS_PER_MICRO_BATCH to each micro-batch) split as the
-    script accumulates, against the same rows whole.
+    """Gradients and logged loss of `batch` (its first rows, ROWS_PER_MICRO_BATCH to each micro-batch, where the loss
+    takes the count of labelled items) split as the script accumulates, against the same rows whole.
 
     None when the script does not accumulate, the batch cannot be split, or either pass gives no usable gradient.
     The parameters' gradients and the random state are left as they were.
@@ -64,8 +67,9 @@ def compare(trainer: Any, model: Any, batch: dict[str, Any]) -> Comparison | Non
     if on is None or on.type != torch.device(trainer.args.device).type:
         return None  # training_step moves the inputs to the Trainer's device: only the item on it can compare
     micro = min(steps, rows)
-    rows = min(rows, micro * ROWS_PER_MICRO_BATCH)
-    batch = {key: value[:rows] for key, value in batch.items()}
+    if getattr(trainer, "model_accepts_loss_kwargs", False):
+        rows = min(rows, micro * ROWS_PER_MICRO_BATCH)
+        batch = {key: value[:rows] for key, value in batch.items()}
     parts = [
         dict(zip(batch, values, strict=True))
         for values in zip(*(torch.tensor_split(value, micro) for value in batch.values()), strict=True)

@@ -42,6 +42,10 @@ MATCHED: tuple[tuple[str, str, Any], ...] = (
 )
 
 
+#: How a DeepSpeed config given other than as a file is named.
+GIVEN = ("a dict", "JSON text", "base64 text")
+
+
 class EngineError(Exception):
     """What the script asks of an engine cannot be read: the script's fault, said as such."""
 
@@ -116,38 +120,55 @@ def _deepspeed(args: Any, config: dict[str, Any], name: str) -> str | None:
 
 
 def read_config(asked: Any) -> tuple[dict[str, Any], str]:
-    """A DeepSpeed config as TrainingArguments takes it (a dict, a JSON file, or base64 text of its JSON) and how the
-    script named it; an EngineError where it is none of these, as DeepSpeed would refuse it on the GPU machine."""
+    """A DeepSpeed config as TrainingArguments takes it (a dict, a JSON file, its JSON text or base64 text of it) and
+    how the script gave it (the file's path, else one of GIVEN); an EngineError where it is none of these, as
+    transformers would refuse it on the GPU machine."""
     if isinstance(asked, dict):
-        return asked, "a config dict"
+        return asked, "a dict"
     text = str(asked)
-    path = Path(text)
     try:
-        is_file = path.is_file()
+        is_file = Path(text).is_file()
     except OSError:  # base64 text longer than a file name may be
         is_file = False
     if is_file:
         try:
-            found = json.loads(path.read_text())
+            found = json.loads(Path(text).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EngineError(
                 f"the DeepSpeed config {text} that TrainingArguments(deepspeed=...) names is not valid JSON: {error}",
                 f"fix the JSON of {text}",
             ) from error
-        if isinstance(found, dict):
-            return found, text
-    else:
+        if not isinstance(found, dict):
+            raise EngineError(
+                f"the DeepSpeed config {text} that TrainingArguments(deepspeed=...) names holds a JSON "
+                f"{type(found).__name__}, not an object of settings",
+                f'write {text} as one JSON object: {{"zero_optimization": {{"stage": 2}}, ...}}',
+            )
+        return found, text
+    for decoded, how in ((text, "JSON text"), (_base64(text), "base64 text")):
         try:
-            found = json.loads(base64.urlsafe_b64decode(text).decode("utf-8"))
-        except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError, ValueError):
+            found = json.loads(decoded) if decoded else None
+        except json.JSONDecodeError:
             found = None
         if isinstance(found, dict):
-            return found, "a base64 config"
+            return found, how
     raise EngineError(
         f"the DeepSpeed config {text} that TrainingArguments(deepspeed=...) names is not found from the working "
         f"directory {os.getcwd()}: on the GPU machine transformers stops there",
         "give the config's path from the directory the script is launched in (or an absolute path), or a dict",
     )
+
+
+def _base64(text: str) -> str | None:
+    try:
+        return base64.urlsafe_b64decode(text).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _config_named(name: str) -> str:
+    """`the DeepSpeed config ds.json`, `the DeepSpeed config (a dict)`."""
+    return f"the DeepSpeed config ({name})" if name in GIVEN else f"the DeepSpeed config {name}"
 
 
 def describe(config: dict[str, Any]) -> str:
@@ -189,10 +210,11 @@ def check_deepspeed_matches(config: dict[str, Any], name: str, args: Any) -> dia
             differ.append(f"{key}={given!r} in the config, {argument}={wanted!r} in the arguments")
     if not differ:
         return None
+    keys = ", ".join(dict.fromkeys(line.split("=")[0] for line in differ))
     return diagnosis.Finding(
-        f"the DeepSpeed config {name} sets {len(differ)} value{'s' if len(differ) > 1 else ''} the TrainingArguments "
+        f"{_config_named(name)} sets {len(differ)} value{'s' if len(differ) > 1 else ''} the TrainingArguments "
         f'set otherwise ({"; ".join(differ)}): on the GPU machine trainer.train() stops with "Please correct the '
         'following DeepSpeed config values that mismatch TrainingArguments values"',
-        f'set {", ".join(dict.fromkeys(line.split("=")[0] for line in differ))} to "auto" in {name}, so that DeepSpeed '
-        "takes the arguments' values, or give both the same value",
+        f'set {keys} to "auto" in {name if name not in GIVEN else "the config"}, so that DeepSpeed takes the '
+        "arguments' values, or give both the same value",
     )

@@ -75,8 +75,9 @@ class _Capture:
         self.asked: set[str] = set()
         #: Engines the script asked for that this machine cannot run, turned off: one line each.
         self.unexercised: list[str] = []
-        #: What the configs of those engines get wrong, for the load item (each once).
-        self.findings: list[Finding] = []
+        #: What the configs of those engines get wrong, by the arguments that asked for them: the load item reports
+        #: those of the Trainer's own arguments (a script may build others it does not train with).
+        self.findings: list[tuple[Any, list[Finding]]] = []
         #: The fsdp_config of arguments that ask for FSDP, turned off in one process (None: none asks for it).
         self.fsdp: dict[str, Any] | None = None
         #: What the libraries logged at WARNING or above while the script ran ("trl: ..."), each once.
@@ -238,7 +239,7 @@ def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> Loa
         tuple(dict.fromkeys(capture.launches)),
         tuple(capture.started_here),
         tuple({id(source): source for source in capture.sources}.values()),
-        tuple(capture.findings),
+        tuple(found for arguments, findings in capture.findings if arguments is trainer.args for found in findings),
     )
 
 
@@ -485,13 +486,12 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
     def post_init(self: Any) -> None:
         if self.output_dir:
             capture.folders.watch(self.output_dir)
+        asked_engines = engines.for_this_machine(self)  # read against the script's own values, before any is changed
+        capture.unexercised += [line for line in asked_engines.unexercised if line not in capture.unexercised]
+        if asked_engines.findings:
+            capture.findings.append((self, asked_engines.findings))
         launched = launcher_precision_for_this_machine(self)
         asked = precision_for_this_machine(self)
-        asked_engines = engines.for_this_machine(self)
-        capture.unexercised += [line for line in asked_engines.unexercised if line not in capture.unexercised]
-        capture.findings += [
-            found for found in asked_engines.findings if found.cause not in {known.cause for known in capture.findings}
-        ]
         original_post_init(self)
         fsdp = fsdp_for_this_machine(self)
         if fsdp is not None:

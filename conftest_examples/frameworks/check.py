@@ -14,7 +14,8 @@ given as the command its users run (`--trainer-command="llamafactory-cli train s
 - the first case on a real 7B checkpoint of which only the config and tokenizer files are here: every item passes on
   its twin, and the summary says so;
 - (LLaMA-Factory's SFT) a cutoff_len that cuts the answers: `targets` fails naming cutoff_len, the framework's own
-  truncation, which no Trainer setting shows.
+  truncation, which no Trainer setting shows; its ZeRO-3 config where DeepSpeed cannot run: the items pass, and the
+  summary says DeepSpeed is not exercised.
 
 It prints each run's summary and exits 1 on the first case that does not hold.
 """
@@ -40,6 +41,9 @@ TWIN = "model: a twin of"
 MODEL_SETTING = {"llamafactory": "model_name_or_path={}", "swift": "--model {}", "axolotl": "--base-model={}"}
 #: LLaMA-Factory's SFT case with a cutoff_len shorter than many conversations, and what targets says of it.
 CUT_OFF = ("cutoff_len=24", "sampled answers are cut by cutoff_len=24 before their end")
+#: LLaMA-Factory's SFT case with its ZeRO-3 config (examples/deepspeed/ds_z3_config.json's settings), and what the
+#: summary says where DeepSpeed cannot run.
+DEEPSPEED = (f"deepspeed={HERE / 'llamafactory' / 'ds_z3.json'}", "not exercised: the script asks for DeepSpeed (")
 
 
 def entry(package: str, *parts: str) -> str:
@@ -176,6 +180,11 @@ def main() -> None:
         if code != 1 or CUT_OFF[1] not in output:
             print(output[-6000:])
             sys.exit(f"{framework}, {name}: expected targets to fail with {CUT_OFF[1]!r}; pytest exited {code}")
+        print(f"== {framework}, {name}: with a DeepSpeed config, {DEEPSPEED[0]}", flush=True)
+        code, output = pytest(f"{command} {DEEPSPEED[0]}", "--trainer-stages=load,forward,step")
+        if code != 0 or DEEPSPEED[1] not in output:
+            print(output[-6000:])
+            sys.exit(f"{framework}, {name}: expected every item to pass and {DEEPSPEED[1]!r}; pytest exited {code}")
     print(f"{framework}: every case holds")
 
 

@@ -251,10 +251,11 @@ HF_ARGS = """
                       train_dataset=tiny.tokenized(tiny.text_dataset(), tok))
     trainer.train()
 """
-#: ZeRO-3 with offload, its batch and precision left to the arguments, as DeepSpeed's example configs are.
+#: ZeRO-3 with offload, its batch left to the arguments and its precision the arguments' (bf16, which this machine
+#: turns off in the arguments: the config is held to the script's own).
 ZERO_3 = {
     "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
-    "bf16": {"enabled": "auto"},
+    "bf16": {"enabled": True},
     "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto",
 }
@@ -264,7 +265,9 @@ def test_a_deepspeed_config_runs_without_deepspeed_and_says_what_is_not_exercise
     repo.path.joinpath("hf_args.py").write_text(textwrap.dedent(HF_ARGS))
     repo.path.joinpath("configs").mkdir()
     repo.path.joinpath("configs", "zero3.json").write_text(json.dumps(ZERO_3))
-    command = "deepspeed --num_gpus 8 hf_args.py --output_dir out --report_to none --deepspeed configs/zero3.json"
+    command = (
+        "deepspeed --num_gpus 8 hf_args.py --output_dir out --report_to none --bf16 true --deepspeed configs/zero3.json"
+    )
     result, found = items(repo, f"--trainer-command={command}", STAGES)
     assert {item["outcome"] for item in found.values()} == {"passed"}, verdicts(found, command)
     result.stdout.fnmatch_lines(
@@ -289,7 +292,7 @@ def test_a_deepspeed_config_at_odds_with_the_arguments_fails_load_and_the_other_
 ) -> None:
     repo.path.joinpath("hf_args.py").write_text(textwrap.dedent(HF_ARGS))
     repo.path.joinpath("zero3.json").write_text(json.dumps({**ZERO_3, "gradient_accumulation_steps": 4}))
-    command = "deepspeed hf_args.py --output_dir out --report_to none --deepspeed zero3.json"
+    command = "deepspeed hf_args.py --output_dir out --report_to none --bf16 true --deepspeed zero3.json"
     _, found = items(repo, f"--trainer-command={command}", STAGES)
     assert verdicts(found, command) == {
         "load[cpu]": (
@@ -305,6 +308,16 @@ def test_a_deepspeed_config_at_odds_with_the_arguments_fails_load_and_the_other_
     fixed = command.replace("--report_to none", "--report_to none --gradient_accumulation_steps 4")
     _, found = items(repo, f"--trainer-command={fixed}", STAGES)
     assert {item["outcome"] for item in found.values()} == {"passed"}, verdicts(found, fixed)
+    # Arguments built again before the Trainer (dataclasses.replace): only those it trains with are held to the config.
+    rebuilt = HF_ARGS.replace(
+        "(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()",
+        "import dataclasses\n    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()\n"
+        "    args = dataclasses.replace(args, gradient_accumulation_steps=4)",
+    )
+    repo.path.joinpath("rebuilt.py").write_text(textwrap.dedent(rebuilt))
+    again = command.replace("hf_args.py", "rebuilt.py")
+    _, found = items(repo, f"--trainer-command={again}", STAGES)
+    assert {item["outcome"] for item in found.values()} == {"passed"}, verdicts(found, again)
 
 
 def test_a_command_leaves_the_process_and_the_repository_as_it_found_them(repo: pytest.Pytester) -> None:

@@ -51,9 +51,10 @@ def test_a_config_is_read_from_a_file_a_dict_or_base64_text(tmp_path: Path, monk
     monkeypatch.chdir(tmp_path)
     Path("ds.json").write_text(json.dumps(ZERO_3))
     assert read_config("ds.json") == (ZERO_3, "ds.json")
-    assert read_config(ZERO_3) == (ZERO_3, "a config dict")
+    assert read_config(ZERO_3) == (ZERO_3, "a dict")
+    assert read_config(json.dumps(ZERO_3)) == (ZERO_3, "JSON text")
     text = base64.urlsafe_b64encode(json.dumps(ZERO_3).encode()).decode()
-    assert read_config(text) == (ZERO_3, "a base64 config")
+    assert read_config(text) == (ZERO_3, "base64 text")
 
 
 def test_a_config_not_found_or_not_json_is_the_scripts_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,6 +72,13 @@ def test_a_config_not_found_or_not_json_is_the_scripts_error(tmp_path: Path, mon
         "the DeepSpeed config broken.json that TrainingArguments(deepspeed=...) names is not valid JSON: "
     )
     assert broken.value.fix == "fix the JSON of broken.json"
+    Path("list.json").write_text("[1, 2]")
+    with pytest.raises(EngineError) as listed:
+        read_config("list.json")
+    assert listed.value.cause == (
+        "the DeepSpeed config list.json that TrainingArguments(deepspeed=...) names holds a JSON list, not an object "
+        "of settings"
+    )
 
 
 def arguments(**changed: object) -> SimpleNamespace:
@@ -129,3 +137,6 @@ def test_a_config_that_sets_them_otherwise_is_found_naming_each_value_and_the_fi
     )
     assert found.fix.startswith('set gradient_accumulation_steps, bf16.enabled to "auto" in configs/ds_z3.json')
     assert not found.blocks, "the Trainer is built: the other items run"
+    given = check_deepspeed_matches({"gradient_clipping": 0.5}, "a dict", arguments())
+    assert given is not None and given.cause.startswith("the DeepSpeed config (a dict) sets 1 value ")
+    assert given.fix.startswith('set gradient_clipping to "auto" in the config, ')
