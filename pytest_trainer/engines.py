@@ -62,6 +62,8 @@ class Engines:
     unexercised: list[str] = field(default_factory=list)
     #: What an engine's config gets wrong that stops the real run, for the load item.
     findings: list[diagnosis.Finding] = field(default_factory=list)
+    #: The DeepSpeed config the arguments ask for, run here or not (None: they ask for none).
+    deepspeed: dict[str, Any] | None = None
 
 
 def for_this_machine(args: Any) -> Engines:
@@ -74,6 +76,7 @@ def for_this_machine(args: Any) -> Engines:
     asked = getattr(args, "deepspeed", None)
     if asked:
         config, name = read_config(asked)
+        found.deepspeed = config
         mismatched = check_deepspeed_matches(config, name, args)
         if mismatched is not None:
             found.findings.append(mismatched)
@@ -218,3 +221,10 @@ def check_deepspeed_matches(config: dict[str, Any], name: str, args: Any) -> dia
         f'set {keys} to "auto" in {name if name not in GIVEN else "the config"}, so that DeepSpeed takes the '
         "arguments' values, or give both the same value",
     )
+
+
+def zero_stage(config: dict[str, Any] | None) -> int:
+    """The ZeRO stage a DeepSpeed config asks for (DeepSpeed's default, 0, where it names none)."""
+    zero = (config or {}).get("zero_optimization")
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    return stage if isinstance(stage, int) else 0

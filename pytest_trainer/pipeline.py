@@ -41,6 +41,8 @@ class Origin:
     factory: str | None = None
     #: The fsdp_config of a script that asks for FSDP, which this process runs without (None: it asks for none).
     asked_fsdp: dict[str, Any] | None = None
+    #: The DeepSpeed config the script's arguments ask for, run here or not (None: they ask for none).
+    asked_deepspeed: dict[str, Any] | None = None
     #: The splits --trainer-sample cut as the script loaded them (the run's length is estimated from them).
     cuts: tuple[Cut, ...] = ()
     #: The datasets in scope where the script called train(): its data as stored before map() (`script_runner`).
@@ -65,6 +67,7 @@ class Pipeline:
         self.name = name
         self.settings = settings or Settings()
         self.command, self.factory, self.asked_fsdp = origin.command, origin.factory, origin.asked_fsdp
+        self.asked_deepspeed = origin.asked_deepspeed
         self.cuts, self.sources = origin.cuts, origin.sources
         self.asked_precision, self.twins = origin.asked_precision, origin.twins
         #: What the load item reports that the script's settings get wrong.

@@ -78,6 +78,8 @@ class _Capture:
         #: What the configs of those engines get wrong, by the arguments that asked for them: the load item reports
         #: those of the Trainer's own arguments (a script may build others it does not train with).
         self.findings: list[tuple[Any, list[Finding]]] = []
+        #: The DeepSpeed configs arguments asked for, by the arguments (the Trainer's own are the pipeline's).
+        self.deepspeed: list[tuple[Any, dict[str, Any]]] = []
         #: The fsdp_config of arguments that ask for FSDP, turned off in one process (None: none asks for it).
         self.fsdp: dict[str, Any] | None = None
         #: What the libraries logged at WARNING or above while the script ran ("trl: ..."), each once.
@@ -156,6 +158,8 @@ class LoadedScript:
     sources: tuple[Any, ...] = ()
     #: What the configs of the engines the script asks for get wrong, which the load item reports.
     findings: tuple[Finding, ...] = ()
+    #: The DeepSpeed config the Trainer's arguments ask for, run here or not (None: they ask for none).
+    deepspeed: dict[str, Any] | None = None
 
 
 def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> LoadedScript:
@@ -240,6 +244,7 @@ def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> Loa
         tuple(capture.started_here),
         tuple({id(source): source for source in capture.sources}.values()),
         tuple(found for arguments, findings in capture.findings if arguments is trainer.args for found in findings),
+        next((config for arguments, config in capture.deepspeed if arguments is trainer.args), None),
     )
 
 
@@ -490,6 +495,8 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
         capture.unexercised += [line for line in asked_engines.unexercised if line not in capture.unexercised]
         if asked_engines.findings:
             capture.findings.append((self, asked_engines.findings))
+        if asked_engines.deepspeed is not None:
+            capture.deepspeed.append((self, asked_engines.deepspeed))
         launched = launcher_precision_for_this_machine(self)
         asked = precision_for_this_machine(self)
         original_post_init(self)

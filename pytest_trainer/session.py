@@ -144,6 +144,7 @@ class TrainerSession:
             command=command,
             factory=factory,
             asked_fsdp=loaded.fsdp,
+            asked_deepspeed=loaded.deepspeed,
             cuts=loaded.cuts,
             sources=loaded.sources,
             asked_precision=loaded.asked_precision,

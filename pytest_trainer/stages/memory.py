@@ -73,6 +73,18 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         peak=int(step.peak),
         budget=int(budget) if budget else None,
     )
+    sharding = sharded(pipeline)
+    if sharding:
+        result.notes.append(
+            f"the forecast is of one GPU holding the whole training state; {sharding} shards it over the processes, "
+            "so each holds less"
+        )
+    if budget and step.peak > budget and sharding:
+        pytest.skip(
+            f"one GPU holding the whole training state needs about {memory_forecast.size(step.peak)} at {at}, more "
+            f"than the {memory_forecast.size(budget)} of GPU memory ({step.describe()}); the script shards it with "
+            f"{sharding} over its processes, and what each of them holds is not forecast"
+        )
     if budget and step.peak > budget:
         raise with_pictures(
             diagnosis.PipelineFailure(
@@ -93,6 +105,13 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             f"evaluation gathers {memory_forecast.size(per_row)} of predictions per row for compute_metrics "
             f"({rows} rows here: {memory_forecast.size(gathered)} on the GPU)"
         )
+        if budget and peak > budget and sharding and gathered <= budget:
+            pytest.skip(
+                f"evaluation on one GPU holding the whole model needs about {memory_forecast.size(peak)}, more than "
+                f"the {memory_forecast.size(budget)} of GPU memory, of which {memory_forecast.size(gathered)} are the "
+                f"predictions gathered for compute_metrics; the script shards the model with {sharding}, and what "
+                "each process holds is not forecast"
+            )
         if budget and peak > budget:
             raise with_pictures(
                 diagnosis.PipelineFailure(
@@ -158,6 +177,17 @@ def idle(pipeline: Pipeline) -> str | None:
         "no GPU memory to forecast against: give the GiB of the GPU you train on with --trainer-gpu-memory=GIB "
         "to check that a training step fits it (--trainer-stages=memory reports the forecast alone)"
     )
+
+
+def sharded(pipeline: Pipeline) -> str | None:
+    """How the script shards its weights, gradients or optimizer state over its processes (FSDP, DeepSpeed's ZeRO),
+    whether or not this machine runs it; None where each process holds all of it."""
+    from pytest_trainer import engines
+
+    if pipeline.asked_fsdp is not None or getattr(pipeline.trainer.args, "fsdp", None):
+        return "FSDP"
+    stage = engines.zero_stage(pipeline.asked_deepspeed)
+    return f"DeepSpeed's ZeRO stage {stage}" if stage >= 1 else None
 
 
 def _budget(pipeline: Pipeline, device: str) -> int:

@@ -355,6 +355,34 @@ def test_budget_no_step_fits_in_fails_naming_the_batch_size_and_the_fix(project:
     )
 
 
+@pytest.mark.parametrize(
+    ("asked", "engine"),
+    [
+        ('deepspeed={"zero_optimization": {"stage": 3}}', "DeepSpeed's ZeRO stage 3"),
+        ('fsdp="full_shard", fsdp_config={"transformer_layer_cls_to_wrap": ["BertLayer"]}', "FSDP"),
+    ],
+)
+def test_a_sharded_step_beyond_the_budget_is_not_forecast_per_gpu_and_says_why(
+    project: pytest.Pytester, asked: str, engine: str
+) -> None:
+    # One GPU holding everything exceeds the budget; each of the script's processes holds a shard of it.
+    script = LONG_ROW_SCRIPT.replace('report_to="none")', f'report_to="none", {asked})')
+    assert asked in script
+    result, item = run_memory(project, script, "--trainer-gpu-memory=0.000001")
+    assert item["outcome"] == "skipped", item
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    result.stdout.fnmatch_lines(
+        [
+            "*memory[[]cpu[]]: one GPU holding the whole training state needs about * at per_device_train_batch_size=8*, "
+            f"more than the * of GPU memory (*); the script shards it with {engine} over its processes, and what each "
+            "of them holds is not forecast"
+        ]
+    )
+    fits, item = run_memory(project, script, "--trainer-gpu-memory=80")
+    check_memory_passes(fits, item)
+    assert any(f"{engine} shards it over the processes, so each holds less" in note for note in item["notes"]), item
+
+
 @pytest.mark.parametrize("value", ["lots", "-1"])
 def test_bad_gpu_memory_is_a_usage_error_naming_the_option(project: pytest.Pytester, value: str) -> None:
     write(project, "train.py", LONG_ROW_SCRIPT)
@@ -450,6 +478,18 @@ def test_evaluation_gathering_every_rows_logits_fails_a_budget_the_step_fits_in(
     assert figures["eval_peak_gib"] < budget, figures
     # What is gathered now: the token ids the argmax leaves, and the labels, int64 each.
     assert figures["eval_gathered_gib"] * GIB == pytest.approx(EVAL_ROWS * EVAL_LENGTH * 16, rel=0.01), figures
+
+    # A sharded model: what each process holds of it is not forecast, but every process gathers the predictions.
+    sharded = GATHERING_SCRIPT.replace("report_to=[])", 'report_to=[], deepspeed={"zero_optimization": {"stage": 3}})')
+    assert sharded != GATHERING_SCRIPT
+    gathered = EVAL_ROWS * per_row / GIB
+    assert step < 0.9 * gathered < gathered < evaluation, figures
+    result, item = run_memory(project, sharded, "--trainer-sample=0", f"--trainer-gpu-memory={0.9 * gathered:.6f}")
+    assert "evaluation keeps the predictions of every row on the GPU" in check_memory_fails(result, item)
+    between = (gathered + evaluation) / 2
+    result, item = run_memory(project, sharded, "--trainer-sample=0", f"--trainer-gpu-memory={between:.6f}")
+    assert item["outcome"] == "skipped", item
+    result.stdout.fnmatch_lines(["*memory[[]cpu[]]: evaluation on one GPU holding the whole model needs about *"])
 
 
 def test_evaluation_forecast_counts_every_row_of_a_transformed_evaluation_split(project: pytest.Pytester) -> None:
