@@ -228,3 +228,17 @@ def zero_stage(config: dict[str, Any] | None) -> int:
     zero = (config or {}).get("zero_optimization")
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
     return stage if isinstance(stage, int) else 0
+
+
+def master_weights(config: dict[str, Any] | None, asked: Any) -> str | None:
+    """The mixed precision a DeepSpeed config trains in ("bf16", "fp16"), in which DeepSpeed steps float32 master
+    copies of the weights, or None: enabled in the config, or "auto" (or left out, as accelerate fills it) where the
+    script's arguments ask for it (`asked`, the precision settings they ask for)."""
+    if config is None:
+        return None
+    for name in ("bf16", "fp16"):
+        section = config.get(name)
+        enabled = section.get("enabled") if isinstance(section, dict) else None
+        if enabled is True or (enabled in ("auto", None) and name in asked):
+            return name
+    return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, schedules
+from pytest_trainer import diagnosis, engines, schedules
 from pytest_trainer.catalogue import RUN, checks
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
@@ -68,12 +68,22 @@ def check_updates_kept(pipeline: Pipeline, model: Any, rate: float, result: Stag
     stuck = [(name, same / count) for name, same, count in unmoved if same >= STUCK * count]
     result.figures.update({"low_precision_updates_lost": kept / pushed})
     dtype = str(next(parameter.dtype for parameter in model.parameters() if parameter.requires_grad)).split(".")[-1]
+    moved = (
+        f"{len(stuck)} of {len(unmoved)} tensors did not move, e.g. {', '.join(name for name, _ in stuck[:3])}"
+        if stuck
+        else f"each of the {len(unmoved)} tensors moved somewhere"
+    )
     line = (
         f"{kept} of {pushed} {dtype} weight elements with a gradient kept their value after one step at learning "
-        f"rate {rate:g} ({len(stuck)} of {len(unmoved)} tensors did not move, e.g. "
-        f"{', '.join(name for name, _ in stuck[:3]) or 'none'})"
+        f"rate {rate:g} ({moved})"
     )
-    if kept < LOST * pushed:
+    deepspeed = engines.master_weights(pipeline.asked_deepspeed, pipeline.asked_precision)
+    if deepspeed:  # this run steps the weights themselves: the script's does not
+        line += (
+            f"; the script trains with DeepSpeed in {deepspeed}, which steps float32 master copies of the weights, so "
+            "its run keeps these updates"
+        )
+    if kept < LOST * pushed or deepspeed:
         result.notes.append(line)
         return
     raise diagnosis.Finding(

@@ -268,6 +268,31 @@ def test_bf16_weights_updated_in_place_are_named_and_fp32_weights_pass(lm_projec
     assert failures(result) == [], result.stdout.str()[-6000:]
 
 
+@pytest.mark.parametrize("mixed", [True, False])
+def test_bf16_weights_under_deepspeed_in_bf16_keep_their_updates_in_its_master_weights(
+    lm_project: pytest.Pytester, mixed: bool
+) -> None:
+    # DeepSpeed in bf16 steps float32 master copies of the weights: the run without it here loses what DeepSpeed's
+    # does not. In fp32 mode (bf16 not asked) it steps the bf16 weights themselves, as the Trainer does.
+    script = BF16_WEIGHTS.format(cast=".to(torch.bfloat16)", mixed=mixed).replace(
+        "report_to=[],", 'report_to=[], deepspeed={"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}},'
+    )
+    assert "deepspeed=" in script
+    write(lm_project, "train.py", script)
+    result = run_script(lm_project, "--trainer-stages=step", "--trainer-report=report.json")
+    if not mixed:
+        assert failures(result) == ["step[cpu]"], (outcomes(result), result.stdout.str()[-6000:])
+        return
+    assert failures(result) == [], result.stdout.str()[-6000:]
+    step = next(
+        item for item in json.loads((lm_project.path / "report.json").read_text())["items"] if item["stage"] == "step"
+    )
+    assert any(
+        "the script trains with DeepSpeed in bf16, which steps float32 master copies of the weights" in note
+        for note in step["notes"]
+    ), step["notes"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Packed rows whose documents attend to each other: position_ids restart at each, the attention mask is all ones.
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_trainer.engines import EngineError, check_deepspeed_matches, describe, read_config
+from pytest_trainer.engines import EngineError, check_deepspeed_matches, describe, master_weights, read_config
 
 #: DeepSpeed's ZeRO-3 example with both offloads, as transformers' docs give it (trimmed).
 ZERO_3 = {
@@ -140,3 +140,21 @@ def test_a_config_that_sets_them_otherwise_is_found_naming_each_value_and_the_fi
     given = check_deepspeed_matches({"gradient_clipping": 0.5}, "a dict", arguments())
     assert given is not None and given.cause.startswith("the DeepSpeed config (a dict) sets 1 value ")
     assert given.fix.startswith('set gradient_clipping to "auto" in the config, ')
+
+
+@pytest.mark.parametrize(
+    ("config", "asked", "precision"),
+    [
+        ({"bf16": {"enabled": "auto"}}, {"bf16"}, "bf16"),
+        ({"bf16": {"enabled": "auto"}}, set(), None),
+        ({"bf16": {"enabled": True}}, set(), "bf16"),
+        ({"fp16": {"enabled": "auto", "loss_scale": 0}}, {"fp16"}, "fp16"),
+        ({"zero_optimization": {"stage": 3}}, {"bf16"}, "bf16"),  # left out: accelerate fills it from the arguments
+        ({"bf16": {"enabled": False}}, {"bf16"}, None),
+        (None, {"bf16"}, None),
+    ],
+)
+def test_deepspeed_steps_master_weights_in_the_mixed_precision_it_trains_in(
+    config: dict | None, asked: set[str], precision: str | None
+) -> None:
+    assert master_weights(config, asked) == precision
