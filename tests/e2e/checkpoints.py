@@ -5,6 +5,7 @@ at their own ids, laid out as a folder or as the Hugging Face cache holds a hub 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -20,7 +21,8 @@ CORPUS = (
 
 def tokenizer_json(fixture: Path) -> str:
     """A byte-level BPE tokenizer trained on CORPUS, with every added token of the checkpoint's tokenizer config at
-    the id the checkpoint gives it (so its config's bos, eos and pad ids name the same tokens)."""
+    the id the checkpoint gives it (so its config's bos, eos and pad ids name the same tokens), and the trained tokens
+    at the ids left free."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     core = Tokenizer(models.BPE())
@@ -32,7 +34,12 @@ def tokenizer_json(fixture: Path) -> str:
     made = json.loads(core.to_str())
     config = json.loads((fixture / "tokenizer_config.json").read_text())
     added = {int(index): entry for index, entry in config.get("added_tokens_decoder", {}).items()}
-    made["model"]["vocab"].update({entry["content"]: index for index, entry in added.items()})
+    # The trained tokens take the ids the checkpoint's own tokens leave free (Mistral's and Gemma's start at 0): two
+    # tokens of one id do not survive save_pretrained and from_pretrained.
+    free = (index for index in itertools.count() if index not in added)
+    vocab = {token: next(free) for token, _ in sorted(made["model"]["vocab"].items(), key=lambda item: item[1])}
+    vocab.update({entry["content"]: index for index, entry in added.items()})
+    made["model"]["vocab"] = vocab
     made["added_tokens"] = [
         {
             "id": index,

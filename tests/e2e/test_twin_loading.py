@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import checkpoints
 import pytest
 import torch
 import transformers
@@ -136,3 +137,16 @@ def test_a_hub_id_is_looked_up_in_the_cache_only(tmp_path: Path) -> None:
     assert found is not None and not found.weights
     (snapshot / "model.safetensors").write_bytes(b"")
     assert checkpoint.locate("org/model", cache_dir=tmp_path).weights  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "name", sorted(path.name for path in FIXTURES.iterdir() if (path / "tokenizer_config.json").is_file())
+)
+def test_each_fixtures_tokenizer_survives_saving_as_the_save_stage_saves_it(name: str, tmp_path: Path) -> None:
+    # Mistral's and Gemma's own tokens start at id 0: the small tokenizer's trained tokens take the ids they leave free.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoints.folder(tmp_path, name))
+    tokenizer.save_pretrained(tmp_path / "saved")
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")
+    text = "what is the capital of france ? paris ."
+    assert again(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert len(set(tokenizer.get_vocab().values())) == len(tokenizer.get_vocab()), "two tokens share an id"
