@@ -57,11 +57,17 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             if unsaveable is None:
                 raise
             raise unsaveable from error
-        with diagnosis.pipeline_part(SAVING_STATE):
-            trainer._save_optimizer_and_scheduler(folder)
-            trainer._save_rng_state(folder)
-        with diagnosis.pipeline_part(RESUMING):
-            trainer._load_optimizer_and_scheduler(folder)
+        if getattr(trainer.args, "save_only_model", False):
+            result.notes.append(
+                "save_only_model=True: the Trainer's checkpoints hold the model alone, so resuming from one (its "
+                "optimizer, scheduler and random state) is not checked"
+            )
+        else:  # as Trainer._save_checkpoint saves them, and resuming reloads them
+            with diagnosis.pipeline_part(SAVING_STATE):
+                trainer._save_optimizer_and_scheduler(folder)
+                trainer._save_rng_state(folder)
+            with diagnosis.pipeline_part(RESUMING):
+                trainer._load_optimizer_and_scheduler(folder)
         files = sorted(path.name for path in Path(folder).iterdir())
         size = sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
         model.eval()

@@ -131,6 +131,41 @@ def test_correct_pipeline_saves_and_reloads_to_the_same_outputs(project: pytest.
     assert save["figures"]["checkpoint_files"] >= 7, save["figures"]
 
 
+#: An optimizer whose state cannot be saved: the Trainer's checkpoints fail where they hold it.
+UNSAVED_STATE = """
+    import tiny
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    class NoState(torch.optim.AdamW):  # a callable in its param groups: torch.save cannot pickle it
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **kwargs)
+            for group in self.param_groups:
+                group["on_step"] = lambda: None
+
+    tok = tiny.tokenizer()
+    data = tiny.tokenized(tiny.text_dataset(), tok)
+    model = tiny.classifier()
+    args = TrainingArguments(output_dir="checkpoints", per_device_train_batch_size=8, report_to="none"{flags})
+    trainer = Trainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                      optimizers=(NoState(model.parameters(), lr=5e-5), None))
+    trainer.train()
+"""
+
+
+def test_resuming_is_checked_only_where_the_checkpoints_hold_the_optimizer(project: pytest.Pytester) -> None:
+    result, items = run_stages(project, UNSAVED_STATE.format(flags=""), SAVE_STAGES)
+    item = check_fails(result, items, SAVE_STAGES)
+    assert "pickle" in item["diagnosis"], item
+    result, items = run_stages(project, UNSAVED_STATE.format(flags=", save_only_model=True"), SAVE_STAGES)
+    save = check_passes(result, items, SAVE_STAGES)
+    assert any(
+        note.startswith("save_only_model=True: the Trainer's checkpoints hold the model alone")
+        for note in save["notes"]
+    ), save
+    assert "optimizer.pt" not in " ".join(save["notes"]), save["notes"]
+
+
 #: A masked LM of the user's own (an nn.Module, not a PreTrainedModel): a BERT encoder and a vocabulary head.
 OWN_MASKED_LM = """
     import tiny
