@@ -26,8 +26,8 @@ from pytest_trainer.catalogue import SETTINGS, checks
 
 #: The DeepSpeed config's keys that transformers fills from TrainingArguments where they say "auto" and otherwise
 #: holds to them (`HfTrainerDeepSpeedConfig.trainer_config_process`): the argument and its value (fp16 and bf16 count
-#: their _full_eval twins, as transformers does). `train_batch_size` is left out: it counts the processes of the real
-#: run, which this one does not have.
+#: their _full_eval twins, as transformers does). `train_batch_size` counts the processes of the real run: it is held
+#: to them where the script's launcher says how many (`check_deepspeed_matches`).
 MATCHED: tuple[tuple[str, str, Any], ...] = (
     ("train_micro_batch_size_per_gpu", "per_device_train_batch_size", lambda args: args.per_device_train_batch_size),
     ("gradient_accumulation_steps", "gradient_accumulation_steps", lambda args: args.gradient_accumulation_steps),
@@ -66,9 +66,10 @@ class Engines:
     deepspeed: dict[str, Any] | None = None
 
 
-def for_this_machine(args: Any) -> Engines:
+def for_this_machine(args: Any, processes: int | None = None) -> Engines:
     """Turn off, in `args` (the script's arguments, before transformers checks them), the engines this machine cannot
-    run; say what is then not exercised, and what their configs get wrong."""
+    run; say what is then not exercised, and what their configs get wrong (`processes`: how many the script's
+    launcher starts, where it says)."""
     found = Engines()
     vllm = _vllm(args)
     if vllm:
@@ -77,7 +78,7 @@ def for_this_machine(args: Any) -> Engines:
     if asked:
         config, name = read_config(asked)
         found.deepspeed = config
-        mismatched = check_deepspeed_matches(config, name, args)
+        mismatched = check_deepspeed_matches(config, name, args, processes)
         if mismatched is not None:
             found.findings.append(mismatched)
         line = _deepspeed(args, config, name)
@@ -192,10 +193,22 @@ def describe(config: dict[str, Any]) -> str:
 
 
 @checks("load", reads=SETTINGS)
-def check_deepspeed_matches(config: dict[str, Any], name: str, args: Any) -> diagnosis.Finding | None:
-    """The DeepSpeed config's batch, clipping, optimizer and precision settings are "auto" or the arguments' own."""
+def check_deepspeed_matches(
+    config: dict[str, Any], name: str, args: Any, processes: int | None = None
+) -> diagnosis.Finding | None:
+    """The DeepSpeed config's batch, clipping, optimizer and precision settings are "auto" or the arguments' own (the
+    whole batch, `train_batch_size`, where the launcher says how many processes share it)."""
     differ = []
-    for key, argument, value_of in MATCHED:
+    matched = list(MATCHED)
+    if processes:
+        matched.append(
+            (
+                "train_batch_size",
+                f"{processes} processes x per_device_train_batch_size x gradient_accumulation_steps",
+                lambda args: processes * args.per_device_train_batch_size * args.gradient_accumulation_steps,
+            )
+        )
+    for key, argument, value_of in matched:
         *parents, leaf = key.split(".")
         node: Any = config
         for parent in parents:
@@ -203,7 +216,9 @@ def check_deepspeed_matches(config: dict[str, Any], name: str, args: Any) -> dia
         given = node.get(leaf) if isinstance(node, dict) else None
         if given is None or given == "auto":
             continue
-        if key == "train_micro_batch_size_per_gpu" and getattr(args, "auto_find_batch_size", False):
+        if key in ("train_micro_batch_size_per_gpu", "train_batch_size") and getattr(
+            args, "auto_find_batch_size", False
+        ):
             continue  # transformers does not hold it to the arguments then
         try:
             wanted = value_of(args)

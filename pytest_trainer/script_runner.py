@@ -491,7 +491,8 @@ def _sandboxed_transformers(sandbox: Sandbox, capture: _Capture) -> Iterator[Non
     def post_init(self: Any) -> None:
         if self.output_dir:
             capture.folders.watch(self.output_dir)
-        asked_engines = engines.for_this_machine(self)  # read against the script's own values, before any is changed
+        processes = next((launch.processes for launch in reversed(capture.launches) if launch.processes), None)
+        asked_engines = engines.for_this_machine(self, processes)  # the script's own values, before any is changed
         capture.unexercised += [line for line in asked_engines.unexercised if line not in capture.unexercised]
         if asked_engines.findings:
             capture.findings.append((self, asked_engines.findings))

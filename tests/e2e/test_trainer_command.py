@@ -258,6 +258,7 @@ ZERO_3 = {
     "bf16": {"enabled": True},
     "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto",
+    "train_batch_size": 64,  # 8 processes (the launcher's) x 8 rows (the arguments' default) x 1 step
 }
 
 
@@ -308,6 +309,13 @@ def test_a_deepspeed_config_at_odds_with_the_arguments_fails_load_and_the_other_
     fixed = command.replace("--report_to none", "--report_to none --gradient_accumulation_steps 4")
     _, found = items(repo, f"--trainer-command={fixed}", STAGES)
     assert {item["outcome"] for item in found.values()} == {"passed"}, verdicts(found, fixed)
+    # train_batch_size (64) counts the launcher's processes: 2 x 8 rows x 4 steps holds, 4 x 8 x 4 does not.
+    two = fixed.replace("deepspeed hf_args.py", "deepspeed --num_gpus 2 hf_args.py")
+    _, found = items(repo, f"--trainer-command={two}", STAGES)
+    assert {item["outcome"] for item in found.values()} == {"passed"}, verdicts(found, two)
+    four = fixed.replace("deepspeed hf_args.py", "deepspeed --num_gpus 4 hf_args.py")
+    _, found = items(repo, f"--trainer-command={four}", "--trainer-stages=load")
+    assert "train_batch_size=64 in the config, 4 processes x" in verdicts(found, four)["load[cpu]"][1], found
     # Arguments built again before the Trainer (dataclasses.replace): only those it trains with are held to the config.
     rebuilt = HF_ARGS.replace(
         "(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()",

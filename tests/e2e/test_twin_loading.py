@@ -144,6 +144,8 @@ def test_a_hub_id_is_looked_up_in_the_cache_only(tmp_path: Path) -> None:
 )
 def test_each_fixtures_tokenizer_survives_saving_as_the_save_stage_saves_it(name: str, tmp_path: Path) -> None:
     # Mistral's and Gemma's own tokens start at id 0: the small tokenizer's trained tokens take the ids they leave free.
+    if name.startswith("mistralai") and transformers.__version__.startswith("4."):
+        pytest.skip("transformers 4 builds Mistral's tokenizer from its sentencepiece model, which the fixture lacks")
     tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoints.folder(tmp_path, name))
     tokenizer.save_pretrained(tmp_path / "saved")
     again = transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")

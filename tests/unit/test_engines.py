@@ -158,3 +158,15 @@ def test_deepspeed_steps_master_weights_in_the_mixed_precision_it_trains_in(
     config: dict | None, asked: set[str], precision: str | None
 ) -> None:
     assert master_weights(config, asked) == precision
+
+
+def test_the_whole_batch_is_held_to_the_processes_only_where_the_launcher_says_how_many() -> None:
+    config = {**ZERO_3, "train_batch_size": 32}
+    assert check_deepspeed_matches(config, "ds.json", arguments()) is None  # how many processes share it: unknown
+    assert check_deepspeed_matches(config, "ds.json", arguments(), processes=4) is None  # 4 x 8 x 1
+    found = check_deepspeed_matches(config, "ds.json", arguments(gradient_accumulation_steps=2), processes=4)
+    assert found is not None
+    assert (
+        "train_batch_size=32 in the config, 4 processes x per_device_train_batch_size x gradient_accumulation_steps"
+        "=64 in the arguments" in found.cause
+    ), found.cause
