@@ -338,7 +338,8 @@ def _torchrun(words: list[str], cwd: Path) -> Read:
     from torch.distributed.run import get_args_parser
 
     parsed = _parsed(get_args_parser(), words, "torchrun")
-    per_node, nodes = str(parsed.nproc_per_node), str(parsed.nnodes).split(":")[-1]
+    per_node, span = str(parsed.nproc_per_node), str(parsed.nnodes).split(":")
+    nodes = span[-1] if len(set(span)) == 1 else ""  # an elastic range (1:4): as many nodes as join
     processes = int(per_node) * int(nodes) if per_node.isdigit() and nodes.isdigit() else None
     asked = f"--nproc_per_node {per_node}" + (f" --nnodes {parsed.nnodes}" if nodes != "1" else "")
     launch = Launch("torchrun", processes, asked)
@@ -351,7 +352,6 @@ def _accelerate(words: list[str], cwd: Path) -> Read:
     parsed = _parsed(launch_command_parser(), words, "accelerate launch")
     config = _accelerate_config(parsed.config_file, cwd)
     processes = parsed.num_processes or (config.get("num_processes") if config else None)
-    machines = parsed.num_machines or (config.get("num_machines") if config else None) or 1
     where = "--num_processes" if parsed.num_processes else f"num_processes in {config.get('file')}" if config else ""
     precision = parsed.mixed_precision or (config.get("mixed_precision") if config else None)
     distributed = str(config.get("distributed_type", "")) if config else ""
@@ -362,7 +362,7 @@ def _accelerate(words: list[str], cwd: Path) -> Read:
         if parsed.use_fsdp or "FSDP" in distributed
         else None
     )
-    count = int(processes) * int(machines) if processes else None
+    count = int(processes) if processes else None  # every machine's together, as accelerate counts them
     asked = f"{where} {processes}" if processes else ""
     precision = str(precision).lower() if precision and str(precision).lower() != "no" else None
     launch = Launch("accelerate launch", count, asked, precision, engine)
@@ -383,7 +383,6 @@ def _accelerate_config(given: str | None, cwd: Path) -> dict[str, Any] | None:
     return {
         "file": str(given or path),
         "num_processes": getattr(loaded, "num_processes", None),
-        "num_machines": getattr(loaded, "num_machines", None),
         "mixed_precision": getattr(loaded, "mixed_precision", None),
         "distributed_type": getattr(loaded, "distributed_type", ""),
     }
@@ -407,7 +406,8 @@ def _deepspeed(words: list[str], cwd: Path) -> Read:
         index += 1
     script = words[index] if index < len(words) else None
     gpus = options.get("--num_gpus") or options.get("--num_accelerators")
-    nodes = options.get("--num_nodes", "1")
+    hosts = any(name in options for name in ("-H", "--hostfile", "-i", "--include", "-e", "--exclude"))
+    nodes = options.get("--num_nodes", "" if hosts else "1")  # the hosts a hostfile names: unknown here
     processes = int(gpus) * int(nodes) if gpus and gpus.isdigit() and nodes.isdigit() else None
     asked = f"--num_gpus {gpus}" if gpus else ""
     launch = Launch("deepspeed", processes, asked, engine="DeepSpeed")

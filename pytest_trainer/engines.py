@@ -54,6 +54,17 @@ class EngineError(Exception):
         super().__init__(cause)
 
 
+@dataclass(frozen=True)
+class DeepSpeed:
+    """The DeepSpeed config a script's arguments ask for, as its run would take it."""
+
+    config: dict[str, Any]
+    #: The ZeRO stage (0: nothing sharded).
+    stage: int
+    #: The mixed precision it trains in, in which DeepSpeed steps float32 master weights (`master_weights`), or None.
+    master_weights: str | None
+
+
 @dataclass
 class Engines:
     """What the engines one TrainingArguments asks for come to on this machine."""
@@ -63,7 +74,7 @@ class Engines:
     #: What an engine's config gets wrong that stops the real run, for the load item.
     findings: list[diagnosis.Finding] = field(default_factory=list)
     #: The DeepSpeed config the arguments ask for, run here or not (None: they ask for none).
-    deepspeed: dict[str, Any] | None = None
+    deepspeed: DeepSpeed | None = None
 
 
 def for_this_machine(args: Any, processes: int | None = None) -> Engines:
@@ -77,7 +88,7 @@ def for_this_machine(args: Any, processes: int | None = None) -> Engines:
     asked = getattr(args, "deepspeed", None)
     if asked:
         config, name = read_config(asked)
-        found.deepspeed = config
+        found.deepspeed = DeepSpeed(config, zero_stage(config), master_weights(config, args))
         mismatched = check_deepspeed_matches(config, name, args, processes)
         if mismatched is not None:
             found.findings.append(mismatched)
@@ -238,22 +249,25 @@ def check_deepspeed_matches(
     )
 
 
-def zero_stage(config: dict[str, Any] | None) -> int:
-    """The ZeRO stage a DeepSpeed config asks for (DeepSpeed's default, 0, where it names none)."""
-    zero = (config or {}).get("zero_optimization")
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    return stage if isinstance(stage, int) else 0
+def zero_stage(config: dict[str, Any]) -> int:
+    """The ZeRO stage a DeepSpeed config asks for (DeepSpeed's default, 0, where it names none or none it reads)."""
+    zero = config.get("zero_optimization")
+    try:
+        return int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
+    except (TypeError, ValueError):
+        return 0
 
 
-def master_weights(config: dict[str, Any] | None, asked: Any) -> str | None:
+def master_weights(config: dict[str, Any], args: Any) -> str | None:
     """The mixed precision a DeepSpeed config trains in ("bf16", "fp16"), in which DeepSpeed steps float32 master
-    copies of the weights, or None: enabled in the config, or "auto" (or left out, as accelerate fills it) where the
-    script's arguments ask for it (`asked`, the precision settings they ask for)."""
-    if config is None:
-        return None
+    copies of the weights, or None, from the script's own arguments: enabled in the config; "auto", which transformers
+    fills from the arguments' flag (`bf16`, or `bf16_full_eval`); or left out, which accelerate fills from the mixed
+    precision of the arguments or of the launcher (ACCELERATE_MIXED_PRECISION)."""
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
     for name in ("bf16", "fp16"):
+        flagged = bool(getattr(args, name, False) or getattr(args, f"{name}_full_eval", False))
         section = config.get(name)
         enabled = section.get("enabled") if isinstance(section, dict) else None
-        if enabled is True or (enabled in ("auto", None) and name in asked):
+        if enabled is True or (enabled == "auto" and flagged) or (section is None and (flagged or launched == name)):
             return name
     return None

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from transformers import Trainer
 
     from pytest_trainer.commands import Command
+    from pytest_trainer.engines import DeepSpeed
     from pytest_trainer.script_runner import Cut
     from pytest_trainer.twin.loading import Twin
 
@@ -42,7 +43,7 @@ class Origin:
     #: The fsdp_config of a script that asks for FSDP, which this process runs without (None: it asks for none).
     asked_fsdp: dict[str, Any] | None = None
     #: The DeepSpeed config the script's arguments ask for, run here or not (None: they ask for none).
-    asked_deepspeed: dict[str, Any] | None = None
+    asked_deepspeed: DeepSpeed | None = None
     #: The splits --trainer-sample cut as the script loaded them (the run's length is estimated from them).
     cuts: tuple[Cut, ...] = ()
     #: The datasets in scope where the script called train(): its data as stored before map() (`script_runner`).

@@ -79,7 +79,7 @@ class _Capture:
         #: those of the Trainer's own arguments (a script may build others it does not train with).
         self.findings: list[tuple[Any, list[Finding]]] = []
         #: The DeepSpeed configs arguments asked for, by the arguments (the Trainer's own are the pipeline's).
-        self.deepspeed: list[tuple[Any, dict[str, Any]]] = []
+        self.deepspeed: list[tuple[Any, engines.DeepSpeed]] = []
         #: The fsdp_config of arguments that ask for FSDP, turned off in one process (None: none asks for it).
         self.fsdp: dict[str, Any] | None = None
         #: What the libraries logged at WARNING or above while the script ran ("trl: ..."), each once.
@@ -159,7 +159,7 @@ class LoadedScript:
     #: What the configs of the engines the script asks for get wrong, which the load item reports.
     findings: tuple[Finding, ...] = ()
     #: The DeepSpeed config the Trainer's arguments ask for, run here or not (None: they ask for none).
-    deepspeed: dict[str, Any] | None = None
+    deepspeed: engines.DeepSpeed | None = None
 
 
 def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> LoadedScript:

@@ -76,26 +76,40 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     sharding = sharded(pipeline)
     if sharding:
         result.notes.append(
-            f"the forecast is of one GPU holding the whole training state; {sharding} shards it over the processes, "
-            "so each holds less"
+            f"the forecast is of one GPU holding the whole training state; {sharding[0]} shards it over the "
+            "processes, so each holds less"
         )
-    if budget and step.peak > budget and sharding:
-        pytest.skip(
-            f"one GPU holding the whole training state needs about {memory_forecast.size(step.peak)} at {at}, more "
-            f"than the {memory_forecast.size(budget)} of GPU memory ({step.describe()}); the script shards it with "
-            f"{sharding} over its processes, and what each of them holds is not forecast"
+    over = bool(budget) and step.peak > budget
+    held = _unsharded(step, sharding[1]) if sharding else step.peak
+    if over and held > budget:
+        kept = "its activations" + (
+            " and its weights, which it keeps whole on each GPU," if sharding and sharding[1] else ""
         )
-    if budget and step.peak > budget:
+        cause = (
+            f"one training step needs about {memory_forecast.size(held)} on each GPU at {at} even with "
+            f"{sharding[0]}: {kept} are not sharded; more than the {memory_forecast.size(budget)} of GPU memory "
+            f"(the whole step: {step.describe()})"
+            if sharding
+            else f"one training step needs about {memory_forecast.size(step.peak)} at {at}, more than the "
+            f"{memory_forecast.size(budget)} of GPU memory: {step.describe()}"
+        )
         raise with_pictures(
             diagnosis.PipelineFailure(
-                f"one training step needs about {memory_forecast.size(step.peak)} at {at}, more than the "
-                f"{memory_forecast.size(budget)} of GPU memory: {step.describe()}",
+                cause,
                 "lower per_device_train_batch_size and raise gradient_accumulation_steps to keep the effective batch, "
                 "cap the sequence length (max_length), turn on gradient_checkpointing, train in bf16, or train "
                 "adapters (LoRA) instead of every weight",
             ),
             result,
         )
+    unknown = (
+        [
+            f"one GPU holding the whole training state needs about {memory_forecast.size(step.peak)} at {at}, more "
+            f"than the {memory_forecast.size(budget)} of GPU memory ({step.describe()})"
+        ]
+        if over
+        else []
+    )
     evaluation = _evaluation(pipeline, model, step, device)
     if evaluation is not None:
         gathered, peak, rows, per_row = evaluation
@@ -105,14 +119,12 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             f"evaluation gathers {memory_forecast.size(per_row)} of predictions per row for compute_metrics "
             f"({rows} rows here: {memory_forecast.size(gathered)} on the GPU)"
         )
-        if budget and peak > budget and sharding and gathered <= budget:
-            pytest.skip(
-                f"evaluation on one GPU holding the whole model needs about {memory_forecast.size(peak)}, more than "
-                f"the {memory_forecast.size(budget)} of GPU memory, of which {memory_forecast.size(gathered)} are the "
-                f"predictions gathered for compute_metrics; the script shards the model with {sharding}, and what "
-                "each process holds is not forecast"
+        if budget and peak > budget and sharding and gathered <= budget:  # every process gathers them whole
+            unknown.append(
+                f"evaluation on one GPU holding the whole model needs about {memory_forecast.size(peak)}, of which "
+                f"{memory_forecast.size(gathered)} are the predictions gathered for compute_metrics"
             )
-        if budget and peak > budget:
+        elif budget and peak > budget:
             raise with_pictures(
                 diagnosis.PipelineFailure(
                     f"evaluation keeps the predictions of every row on the GPU for compute_metrics: {rows} rows x "
@@ -124,6 +136,11 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
                 ),
                 result,
             )
+    if unknown and sharding:
+        pytest.skip(
+            f"{'; '.join(unknown)}; the script shards the training state with {sharding[0]} over its processes, and "
+            f"what each of them holds is not forecast (its activations alone take about {memory_forecast.size(held)})"
+        )
     if device == "cuda" and twin is not None:
         result.notes.append("not measured on this GPU: the model here is the twin, not the checkpoint")
     elif device == "cuda":
@@ -179,15 +196,21 @@ def idle(pipeline: Pipeline) -> str | None:
     )
 
 
-def sharded(pipeline: Pipeline) -> str | None:
-    """How the script shards its weights, gradients or optimizer state over its processes (FSDP, DeepSpeed's ZeRO),
-    whether or not this machine runs it; None where each process holds all of it."""
-    from pytest_trainer import engines
-
+def sharded(pipeline: Pipeline) -> tuple[str, bool] | None:
+    """How the script shards its training state over its processes (FSDP, DeepSpeed's ZeRO), whether or not this
+    machine runs it, and whether each process still holds the whole weights (ZeRO stages 1 and 2); None where each
+    holds all of it."""
     if pipeline.asked_fsdp is not None or getattr(pipeline.trainer.args, "fsdp", None):
-        return "FSDP"
-    stage = engines.zero_stage(pipeline.asked_deepspeed)
-    return f"DeepSpeed's ZeRO stage {stage}" if stage >= 1 else None
+        return "FSDP", False
+    stage = pipeline.asked_deepspeed.stage if pipeline.asked_deepspeed else 0
+    return (f"DeepSpeed's ZeRO stage {stage}", stage < 3) if stage >= 1 else None
+
+
+def _unsharded(step: memory_forecast.Forecast, whole_weights: bool) -> int:
+    """What each process holds of a step however many share it: the activations (the step's transient memory but its
+    gradients) and buffers, and the weights where the sharding keeps them whole."""
+    transient = max(0, step.parts.get("activations and gradients", 0) - step.gradients)
+    return transient + step.parts.get("buffers", 0) + (step.parts.get("weights", 0) if whole_weights else 0)
 
 
 def _budget(pipeline: Pipeline, device: str) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_trainer import diagnosis, engines, schedules
+from pytest_trainer import diagnosis, schedules
 from pytest_trainer.catalogue import RUN, checks
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
@@ -77,7 +77,7 @@ def check_updates_kept(pipeline: Pipeline, model: Any, rate: float, result: Stag
         f"{kept} of {pushed} {dtype} weight elements with a gradient kept their value after one step at learning "
         f"rate {rate:g} ({moved})"
     )
-    deepspeed = engines.master_weights(pipeline.asked_deepspeed, pipeline.asked_precision)
+    deepspeed = pipeline.asked_deepspeed.master_weights if pipeline.asked_deepspeed else None
     if deepspeed:  # this run steps the weights themselves: the script's does not
         line += (
             f"; the script trains with DeepSpeed in {deepspeed}, which steps float32 master copies of the weights, so "

@@ -356,31 +356,45 @@ def test_budget_no_step_fits_in_fails_naming_the_batch_size_and_the_fix(project:
 
 
 @pytest.mark.parametrize(
-    ("asked", "engine"),
+    ("asked", "engine", "whole_weights"),
     [
-        ('deepspeed={"zero_optimization": {"stage": 3}}', "DeepSpeed's ZeRO stage 3"),
-        ('fsdp="full_shard", fsdp_config={"transformer_layer_cls_to_wrap": ["BertLayer"]}', "FSDP"),
+        ('deepspeed={"zero_optimization": {"stage": 3}}', "DeepSpeed's ZeRO stage 3", False),
+        ('deepspeed={"zero_optimization": {"stage": 2}}', "DeepSpeed's ZeRO stage 2", True),
+        ('fsdp="full_shard", fsdp_config={"transformer_layer_cls_to_wrap": ["BertLayer"]}', "FSDP", False),
     ],
 )
 def test_a_sharded_step_beyond_the_budget_is_not_forecast_per_gpu_and_says_why(
-    project: pytest.Pytester, asked: str, engine: str
+    project: pytest.Pytester, asked: str, engine: str, whole_weights: bool
 ) -> None:
-    # One GPU holding everything exceeds the budget; each of the script's processes holds a shard of it.
+    # One GPU holding everything exceeds the budget; each of the script's processes holds a shard of the weights,
+    # gradients and optimizer state, but its activations whole.
     script = LONG_ROW_SCRIPT.replace('report_to="none")', f'report_to="none", {asked})')
     assert asked in script
-    result, item = run_memory(project, script, "--trainer-gpu-memory=0.000001")
+    result, item = run_memory(project, script)
+    check_memory_passes(result, item)
+    assert any(f"{engine} shards it over the processes, so each holds less" in note for note in item["notes"]), item
+    figures = item["figures"]
+    # A full fine-tune: the gradients are as large as the weights. ZeRO's stage 2 keeps the weights whole.
+    held = figures["activations_and_gradients_gib"] - figures["weights_gib"] + figures["buffers_gib"]
+    held += figures["weights_gib"] if whole_weights else 0
+    peak = figures["train_step_gib"]
+    assert 0 < held < peak, figures
+
+    result, item = run_memory(project, script, f"--trainer-gpu-memory={(held + peak) / 2:.9f}")
     assert item["outcome"] == "skipped", item
     assert failures(result) == [], result.stdout.str()[-6000:]
     result.stdout.fnmatch_lines(
         [
             "*memory[[]cpu[]]: one GPU holding the whole training state needs about * at per_device_train_batch_size=8*, "
-            f"more than the * of GPU memory (*); the script shards it with {engine} over its processes, and what each "
-            "of them holds is not forecast"
+            f"more than the * of GPU memory (*); the script shards the training state with {engine} over its "
+            "processes, and what each of them holds is not forecast (its activations alone take about *)"
         ]
     )
-    fits, item = run_memory(project, script, "--trainer-gpu-memory=80")
-    check_memory_passes(fits, item)
-    assert any(f"{engine} shards it over the processes, so each holds less" in note for note in item["notes"]), item
+    result, item = run_memory(project, script, f"--trainer-gpu-memory={held / 2:.9f}")
+    text = check_memory_fails(result, item)
+    assert "on each GPU at per_device_train_batch_size=8 and the longest sequence of the data (" in text, text
+    kept = "its activations and its weights, which it keeps whole on each GPU," if whole_weights else "its activations"
+    assert f"even with {engine}: {kept} are not sharded" in text, text
 
 
 @pytest.mark.parametrize("value", ["lots", "-1"])

@@ -141,6 +141,20 @@ def test_a_launchers_process_count_is_said_with_the_option_that_tests_it(repo: p
     )
 
 
+@pytest.mark.parametrize(
+    ("launcher", "said"),
+    [
+        # accelerate's --num_processes counts every machine's processes together
+        ("accelerate launch --num_processes 16 --num_machines 2", "accelerate launch asks for 16 processes"),
+        # an elastic range: as many nodes as join
+        ("torchrun --nproc_per_node 8 --nnodes 1:4", "torchrun asks for a process per GPU"),
+    ],
+)
+def test_the_process_count_is_the_launchers_own(repo: pytest.Pytester, launcher: str, said: str) -> None:
+    result, _ = items(repo, f"--trainer-command={launcher} train.py", "--trainer-stages=load")
+    result.stdout.fnmatch_lines([f"launcher: {said} *"])
+
+
 def test_a_launchers_mixed_precision_is_the_scripts(repo: pytest.Pytester) -> None:
     result, found = items(
         repo, "--trainer-command=accelerate launch --mixed_precision fp16 train.py", "--trainer-stages=load,precision"

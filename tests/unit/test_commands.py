@@ -78,6 +78,11 @@ def test_deepspeed_is_read_without_deepspeed(repo: Path) -> None:
     assert (command.launch.launcher, command.launch.processes, command.launch.engine) == ("deepspeed", 16, "DeepSpeed")
     module = parse("deepspeed --module trainpkg.train", repo)
     assert (module.kind, module.target) == ("module", "trainpkg.train")
+    # The nodes a hostfile names are not known here; given, they count.
+    hosts = parse("deepspeed --hostfile hosts.txt --num_gpus 8 train.py", repo)
+    assert hosts.launch is not None and hosts.launch.processes is None
+    counted = parse("deepspeed -H hosts.txt --num_nodes 2 --num_gpus 8 train.py", repo)
+    assert counted.launch is not None and counted.launch.processes == 16
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_trainer.engines import EngineError, check_deepspeed_matches, describe, master_weights, read_config
+from pytest_trainer.engines import (
+    EngineError,
+    check_deepspeed_matches,
+    describe,
+    master_weights,
+    read_config,
+    zero_stage,
+)
 
 #: DeepSpeed's ZeRO-3 example with both offloads, as transformers' docs give it (trimmed).
 ZERO_3 = {
@@ -143,21 +150,37 @@ def test_a_config_that_sets_them_otherwise_is_found_naming_each_value_and_the_fi
 
 
 @pytest.mark.parametrize(
-    ("config", "asked", "precision"),
+    ("config", "flags", "launched", "precision"),
     [
-        ({"bf16": {"enabled": "auto"}}, {"bf16"}, "bf16"),
-        ({"bf16": {"enabled": "auto"}}, set(), None),
-        ({"bf16": {"enabled": True}}, set(), "bf16"),
-        ({"fp16": {"enabled": "auto", "loss_scale": 0}}, {"fp16"}, "fp16"),
-        ({"zero_optimization": {"stage": 3}}, {"bf16"}, "bf16"),  # left out: accelerate fills it from the arguments
-        ({"bf16": {"enabled": False}}, {"bf16"}, None),
-        (None, {"bf16"}, None),
+        ({"bf16": {"enabled": "auto"}}, {"bf16": True}, "no", "bf16"),
+        ({"bf16": {"enabled": "auto"}}, {"bf16_full_eval": True}, "no", "bf16"),
+        ({"bf16": {"enabled": "auto"}}, {}, "no", None),
+        # "auto" follows the arguments' flag alone: a launcher's bf16 leaves DeepSpeed in fp32 (transformers' fill)
+        ({"bf16": {"enabled": "auto"}}, {}, "bf16", None),
+        ({"bf16": {"enabled": True}}, {}, "no", "bf16"),
+        ({"fp16": {"enabled": "auto", "loss_scale": 0}}, {"fp16": True}, "no", "fp16"),
+        # left out: accelerate fills it from the mixed precision of the arguments or of the launcher
+        ({"zero_optimization": {"stage": 3}}, {"bf16": True}, "no", "bf16"),
+        ({"zero_optimization": {"stage": 3}}, {}, "bf16", "bf16"),
+        ({"zero_optimization": {"stage": 3}}, {}, "no", None),
+        ({"bf16": {"enabled": False}}, {"bf16": True}, "no", None),
     ],
 )
 def test_deepspeed_steps_master_weights_in_the_mixed_precision_it_trains_in(
-    config: dict | None, asked: set[str], precision: str | None
+    config: dict, flags: dict, launched: str, precision: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert master_weights(config, asked) == precision
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launched)
+    args = arguments(**flags)
+    assert master_weights(config, args) == precision
+
+
+def test_the_zero_stage_is_read_as_deepspeed_reads_it() -> None:
+    assert [zero_stage(config) for config in (ZERO_3, {"zero_optimization": {"stage": "2"}}, {}, {"fp16": {}})] == [
+        3,
+        2,
+        0,
+        0,
+    ]
 
 
 def test_the_whole_batch_is_held_to_the_processes_only_where_the_launcher_says_how_many() -> None:
