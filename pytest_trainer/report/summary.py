@@ -330,8 +330,8 @@ def _plain(record: ItemRecord) -> dict[str, Any]:
 def changed_notes(records: list[ItemRecord]) -> list[str]:
     """How the pipeline was run differently from the script (a twin of its model, its precision or vLLM on a machine
     without a GPU), what it put back in the user's tree, the baselines it recorded, what the libraries warned of while
-    the script built its Trainer, and evaluation rows that are training rows where no setting acts on their metrics:
-    said once per script."""
+    the script built its Trainer, evaluation rows that are training rows where no setting acts on their metrics, and
+    the memory a training step is forecast to take: said once per script."""
     return ordered(
         note
         for record in records
@@ -348,6 +348,7 @@ def changed_notes(records: list[ItemRecord]) -> list[str]:
                 "evaluation:",
                 "launcher:",
                 "in this process:",
+                "memory[",
             )
         )
     )

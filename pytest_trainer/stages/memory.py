@@ -64,10 +64,12 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             **{f"{'_'.join(part.split())}_gib": value / GIB for part, value in step.parts.items()},
         }
     )
-    result.notes.append(
-        f"one training step at {at}{f' in {mixed}' if mixed else ''}: about {step.describe()}, from {step.how}"
-    )
     budget = _budget(pipeline, device)
+    fits = f", within the {memory_forecast.size(budget)} of GPU memory" if budget and step.peak <= budget else ""
+    result.notes.append(  # said in the terminal too: the figure a budget is given for
+        f"memory[{device}]: one training step at {at}{f' in {mixed}' if mixed else ''}: about {step.describe()}"
+        f"{fits}, from {step.how}"
+    )
     picture = result.pictures["memory"] = MemoryPicture(
         parts={part: int(value) for part, value in step.parts.items()},
         peak=int(step.peak),
