@@ -275,8 +275,9 @@ PROCESSOR_SETTINGS = (
 
 
 @checks("save", reads=CHECKPOINT)
-def check_processor_saved(pipeline: Pipeline) -> None:
-    """A vision-language model is saved with a processor that prepares images, not a tokenizer alone."""
+def check_processor_saved(pipeline: Pipeline) -> str:
+    """A vision-language model trained on images is saved with a processor that prepares them, not a tokenizer alone
+    (trained on text alone, it is a note: the part of the save item's note that says it, if any)."""
     given = getattr(pipeline.trainer, "processing_class", None)
     if (
         pipeline.task.image_token is None
@@ -284,7 +285,12 @@ def check_processor_saved(pipeline: Pipeline) -> None:
         or given is None
         or not hasattr(given, "save_pretrained")
     ):
-        return
+        return ""
+    if not any(key in pipeline.batches.first() for key in PIXEL_KEYS):
+        return (
+            f"; the checkpoint holds a {type(given).__name__} and no image processor: the script trains this "
+            "vision-language model on text alone, and images given to it later need the base checkpoint's processor"
+        )
     raise diagnosis.PipelineFailure(
         f"the Trainer saves a {type(given).__name__} without an image processor beside the vision-language "
         f"model: the checkpoint holds no image settings, so AutoProcessor.from_pretrained(checkpoint) cannot "

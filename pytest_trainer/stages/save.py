@@ -347,11 +347,10 @@ def _check_processor(pipeline: Pipeline, folder: str) -> str:
     processor = getattr(pipeline.trainer, "processing_class", None)
     from_pretrained = getattr(type(processor), "from_pretrained", None)
     if processor is None or not callable(from_pretrained) or not hasattr(processor, "save_pretrained"):
-        vision_text.check_processor_saved(pipeline)
-        return ""
+        return vision_text.check_processor_saved(pipeline)
     if not any((Path(folder) / name).is_file() for name in PROCESSOR_FILES):
         return f"; the trainer saves no {type(processor).__name__} with it (reload that from where the script loads it)"
-    vision_text.check_processor_saved(pipeline)
+    text_only = vision_text.check_processor_saved(pipeline)
     with diagnosis.pipeline_part(f"reloading the saved {type(processor).__name__}"):
         reloaded = from_pretrained(folder)
     compared = [
@@ -369,7 +368,7 @@ def _check_processor(pipeline: Pipeline, folder: str) -> str:
                 "settings in what save_pretrained writes (its constructor or saved attributes), not in code a reload "
                 "does not run",
             )
-    return ""
+    return text_only
 
 
 def _vocabulary(processor: Any) -> int | None:

@@ -345,9 +345,7 @@ def test_memory_stage_on_the_tiny_bert_reports_the_step_at_the_longest_row(
     check_memory_passes(result, item)
     said = [line for line in result.outlines if line.startswith("memory[cpu]: one training step at")]
     assert len(said) == 1, result.stdout.str()[-6000:]
-    assert (
-        f"({longest} tokens): about " in said[0] and ", within the 80 GiB of GPU memory, from fake tensors" in said[0]
-    )
+    assert f"({longest} tokens): about " in said[0] and ", within the 80 GiB of GPU memory, from " in said[0]
 
 
 def test_budget_no_step_fits_in_fails_naming_the_batch_size_and_the_fix(project: pytest.Pytester) -> None:

@@ -224,6 +224,24 @@ def test_a_tokenizer_saved_alone_beside_a_vision_language_model_fails_save(vlm: 
     )
 
 
+def test_a_tokenizer_saved_alone_beside_a_vision_language_model_trained_on_text_is_a_note(
+    vlm: pytest.Pytester,
+) -> None:
+    # The script fine-tunes the model on text alone: images given to it later need the base checkpoint's processor.
+    feeds = 'processor(text=[e["text"] for e in examples], images=[e["image"] for e in examples], padding=True,'
+    text_only = 'processor.tokenizer([e["text"].replace("<image> ", "") for e in examples], padding=True,'
+    source = plain(processing="processor.tokenizer").replace(feeds, text_only)
+    assert text_only in source
+    write(vlm, "train.py", source)
+    result = run_script(vlm, "--trainer-stages=collate,save", "--trainer-report=report.json")
+    check_passes(result, "save[cpu]")
+    save = next(item for item in json.loads((vlm.path / "report.json").read_text())["items"] if item["stage"] == "save")
+    assert any(
+        "no image processor: the script trains this vision-language model on text alone" in note
+        for note in save["notes"]
+    ), save["notes"]
+
+
 def test_the_processor_reloads_from_the_checkpoint(vlm: pytest.Pytester) -> None:
     result = run(vlm, plain(), "collate,save")
     check_passes(result, "save[cpu]")
