@@ -97,7 +97,9 @@ class TrainerSession:
         if isinstance(found, ScriptError):
             raise found
         if device == "cpu" and key[1] == "auto" and _too_large_for_cpu(found):
-            return self.script_pipeline(command, factory, "twin")
+            from pytest_trainer.twin.loading import CPU_ITEMS
+
+            return self.script_pipeline(command, factory, CPU_ITEMS)
         return found
 
     def _load(self, command: Command, factory: str | None, model: str) -> Pipeline:

@@ -7,7 +7,9 @@ is built:
 
 - `--trainer-model=real` always builds it; `twin` never does;
 - `auto` (the default) builds a twin where the checkpoint's weights are not on this machine, or where the model
-  has `CPU_LIMIT` parameters or more and the machine has no GPU (or more than the GPU holds).
+  has `CPU_LIMIT` parameters or more and the machine has no GPU (or more than the GPU holds);
+- `CPU_ITEMS`, the session's own, is `twin` for the cpu items of a machine with a GPU, where `auto` built a model of
+  `CPU_LIMIT` parameters or more at full size for the cuda items.
 
 A twin is the checkpoint's architecture narrowed (`shrink`), with random weights, saved to a session folder and
 loaded from there by the script's own `from_pretrained` call with the script's own arguments: its dtype, its
@@ -33,6 +35,9 @@ from typing import Any
 from unittest import mock
 
 from pytest_trainer.twin import checkpoint, shrink
+
+#: The mode of the cpu items' own run of a script whose model `auto` built at full size on a machine with a GPU.
+CPU_ITEMS = "cpu items"
 
 #: Versions of bitsandbytes from which its 4-bit and 8-bit layers run on a CPU.
 BITSANDBYTES_ON_CPU = (0, 46)
@@ -258,6 +263,12 @@ class Twins:
 
         if self.mode == "twin":
             return "--trainer-model=twin asks for one", self._count(cls, config)
+        if self.mode == CPU_ITEMS:
+            return (
+                f"the script trains a model of {checkpoint.count(checkpoint.CPU_LIMIT)} parameters or more, which the "
+                "cpu items do not build at full size (the cuda items run it at full size)",
+                self._count(cls, config),
+            )
         if not weights:
             return "its weights are not on this machine (only its config and tokenizer files are read)", self._count(
                 cls, config

@@ -86,6 +86,19 @@ def test_the_twin_of_bert_large_trains() -> None:
     model(input_ids=torch.tensor([[101, 2000, 102]]), labels=torch.tensor([1])).loss.backward()
 
 
+def test_the_cpu_items_twin_gives_its_own_reason(tmp_path: Path) -> None:
+    """On a machine with a GPU, `auto` builds a model of 1B parameters at full size for the cuda items and runs the
+    script once more for the cpu items, in `CPU_ITEMS` mode: their twin says so, not that an option asked for one."""
+    config = transformers.AutoConfig.from_pretrained(FIXTURES / "Qwen--Qwen2.5-7B-Instruct")
+    twins = loading.Twins(loading.CPU_ITEMS, tmp_path)
+    with twins.installed():
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert parameters(model) < 25_000_000
+    (twin,) = twins.made
+    assert "A twin because the script trains a model of 1B parameters or more, which the cpu items" in twin.line()
+    assert "7.62B parameters" in twin.line()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU replaces")
 def test_a_gpu_device_map_and_flash_attention_are_replaced_and_said() -> None:
     kwargs, replaced = loading.runnable_here(
