@@ -82,8 +82,10 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
 
 
 def first_rows(batch: dict[str, Any], sequence: str | None, rows: int) -> dict[str, Any]:
-    """The batch cut to its first `rows` rows: every tensor whose first dimension is the batch's rows is cut, and every
-    list of one value per row (the texts a cross-encoder's loss tokenizes)."""
+    """The batch cut to its first `rows` rows: every tensor (of one dimension or more) and every list of one value per
+    row (the texts a cross-encoder's loss tokenizes). A batch holding a tensor whose first dimension is not its rows
+    (the image patches of all rows stacked, with one grid per image beside them) is kept whole: which of its entries
+    belong to the first rows is the model's to know."""
     import torch
 
     anchor = batch.get(sequence or "")
@@ -92,10 +94,11 @@ def first_rows(batch: dict[str, Any], sequence: str | None, rows: int) -> dict[s
     if anchor is None or anchor.dim() == 0 or anchor.shape[0] <= rows:
         return batch
     count = anchor.shape[0]
+    if any(torch.is_tensor(value) and value.dim() and value.shape[0] != count for value in batch.values()):
+        return batch
     return {
         key: value[:rows]
-        if (torch.is_tensor(value) and value.dim() and value.shape[0] == count)
-        or (isinstance(value, list) and len(value) == count)
+        if (torch.is_tensor(value) and value.dim()) or (isinstance(value, list) and len(value) == count)
         else value
         for key, value in batch.items()
     }

@@ -111,17 +111,22 @@ def test_search_checks_examples_together_and_one_by_one_only_when_that_fails() -
 
 
 def test_first_rows_cuts_the_tensors_whose_first_dimension_is_the_batch() -> None:
-    batch = {
-        "input_ids": torch.zeros(8, 5),
-        "labels": torch.zeros(8),
-        "scale": torch.tensor(2.0),
-        "pixel_mean": torch.zeros(3),
-        "names": ["a"] * 8,
-    }
+    batch = {"input_ids": torch.zeros(8, 5), "labels": torch.zeros(8), "scale": torch.tensor(2.0), "names": ["a"] * 8}
     cut = first_rows(batch, "input_ids", 2)
-    assert cut["input_ids"].shape == (2, 5) and cut["labels"].shape == (2,)
-    assert cut["scale"] is batch["scale"] and cut["pixel_mean"] is batch["pixel_mean"]
+    assert cut["input_ids"].shape == (2, 5) and cut["labels"].shape == (2,) and cut["names"] == ["a", "a"]
+    assert cut["scale"] is batch["scale"]
     assert first_rows({"input_ids": torch.zeros(1, 5)}, "input_ids", 2)["input_ids"].shape == (1, 5)
+
+
+def test_first_rows_keeps_a_batch_whose_images_are_not_one_to_a_row() -> None:
+    """Qwen2-VL stacks every image's patches in one tensor, with one grid row per image beside it: with one image to
+    each of 4 rows, the grids look like rows, and cutting them alone gave the model 2 grids for 72 patches."""
+    batch = {
+        "input_ids": torch.zeros(4, 30, dtype=torch.long),
+        "pixel_values": torch.zeros(72, 1176),
+        "image_grid_thw": torch.tensor([[1, 6, 3]] * 4),
+    }
+    assert first_rows(batch, "input_ids", 2) is batch
 
 
 def _sft_trainer(output_dir: str) -> Any:
