@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 PIXEL_KEYS = ("pixel_values", "pixel_values_videos", "image_sizes", "image_grid_thw")
 #: Sample keys that hold a row's images, as TRL's and most processors' collators read them.
 IMAGE_KEYS = ("images", "image")
+#: The share of supervised label positions on image placeholders from which they weaken training: the answers then get
+#: at most three quarters of the loss's weight, and the logged loss falls with placeholders any model predicts. Real
+#: images fill hundreds of tokens each beside answers of tens (most of the labels); below it (small images beside long
+#: answers) the loss they take is a note.
+IMAGE_TARGET_SHARE = 0.25
 #: The processor's error when truncation cut the image tokens it inserted (transformers 5).
 PROCESSOR_MISMATCH = "Mismatch in `image` token count"
 #: The model's error when the image tokens of the batch and the features of its images differ in number.
@@ -94,17 +99,24 @@ def audit(
                 worst = (rows[index], count, int(at_image[index].sum()))
     share = image_targets / max(total_targets, 1)
     figures = {"image_token_label_share": share, "image_tokens_supervised": float(image_targets)}
-    if image_targets:
+    if image_targets and share >= IMAGE_TARGET_SHARE:
         row = f"dataset row {worst[0]}: {worst[1]} of its {worst[2]} image tokens carry labels" if worst else ""
         raise diagnosis.PipelineFailure(
             f"{image_targets} of {total_targets} supervised label positions ({share:.0%}) are image tokens "
-            f"(id {token}): the model is trained to predict the image placeholders, a loss spent on tokens it is "
-            "always given, which drowns the answer's tokens",
+            f"(id {token}): the model is trained to predict the image placeholders it is always given, so that "
+            f"share of the loss goes to them, the answers' gradients weaken and the logged loss falls with "
+            "placeholders any model predicts",
             f"set the labels of image tokens to -100 in the collator (labels[labels == {token}] = -100), or train "
             "on the answers alone: SFTConfig(assistant_only_loss=True) with a chat template whose {% generation %} "
             "marks the assistant's turns, or prompt-completion data (completion_only_loss, TRL's default there)",
             [row] if row else [],
         )
+    if image_targets:
+        return figures, [
+            f"image tokens among supervised labels: {image_targets} of {total_targets} ({share:.0%}), below the "
+            f"{IMAGE_TARGET_SHARE:.0%} from which they weaken training: the model also learns to predict the image "
+            f"placeholders (labels[labels == {token}] = -100 in the collator leaves the loss to the text)"
+        ]
     return figures, [f"image tokens among supervised labels: {image_targets} of {total_targets} ({share:.0%})"]
 
 

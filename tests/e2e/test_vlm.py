@@ -144,17 +144,38 @@ def test_stored_images_reach_the_collator_decoded_in_batches_the_plugin_makes(vl
 # ---- targets: image tokens --------------------------------------------------------------------------------------
 
 
+def _images_of(tokens_across: int, source: str) -> str:
+    """The script with images of `tokens_across` x `tokens_across` image tokens (the example's fill 2 x 2)."""
+    return source.replace(
+        "processor = vlm.build_processor()", f"vlm.PATCH = {16 // tokens_across}\n    processor = vlm.build_processor()"
+    )
+
+
 def test_supervised_image_tokens_fail_targets(vlm: pytest.Pytester) -> None:
-    """TRL's vision collator copies input_ids into labels: the image placeholders are trained (trl#1880, #2136)."""
-    result = run(vlm, sft("max_length=None"), "collate,targets")
+    """TRL's vision collator copies input_ids into labels: the image placeholders are trained (trl#1880, #2136).
+    Images of 16 tokens beside a short question and answer, as real images fill hundreds: most labels are on them."""
+    result = run(vlm, _images_of(4, sft("max_length=None")), "collate,targets")
     check_fails(
         result,
         "targets[cpu]",
         "* supervised label positions (*) are image tokens (id 4): the model is "
-        "trained to predict the image placeholders*",
+        "trained to predict the image placeholders it is always given*",
         "*fix: set the labels of image tokens to -100*",
-        "*dataset row 0: 4 of its 4 image tokens carry labels*",
+        "*dataset row 0: 16 of its 16 image tokens carry labels*",
     )
+
+
+def test_a_small_share_of_supervised_image_tokens_is_a_note(vlm: pytest.Pytester) -> None:
+    """Images of 4 tokens beside the conversation: under a quarter of the labels, a loss the answers hardly miss."""
+    write(vlm, "train.py", sft("max_length=None"))
+    result = run_script(vlm, "--trainer-stages=collate,targets", "--trainer-report=report.json")
+    check_passes(result, "targets[cpu]")
+    items = json.loads((vlm.path / "report.json").read_text())["items"]
+    targets = next(item for item in items if item["stage"] == "targets")
+    assert any(
+        "image tokens among supervised labels" in note and "below the 25% from which they weaken training" in note
+        for note in targets["notes"]
+    ), targets["notes"]
 
 
 @ASSISTANT_ONLY
