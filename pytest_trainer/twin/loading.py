@@ -169,7 +169,7 @@ class Twins:
             return original(name, *model_args, **kwargs)
         try:
             twin = self._record(name, cls, config, reason, parameters)
-            folder = self._saved(cls, config)
+            folder = self._saved(cls, config, self._generation(name, kwargs))
         except Exception as error:
             raise TwinError(name, cls.__name__, error) from error
         twin.quantized_bits, twin.compute_dtype = _bits(kwargs)
@@ -296,6 +296,16 @@ class Twins:
         except Exception:  # counted for the report only
             return 0
 
+    def _generation(self, name: Any, kwargs: dict[str, Any]) -> Any:
+        """The checkpoint's own generation config, where it has one (read as its config is: no weight file)."""
+        from transformers import GenerationConfig
+
+        hub = {key: kwargs[key] for key in ("subfolder", "revision", "cache_dir", "token") if key in kwargs}
+        try:
+            return GenerationConfig.from_pretrained(name, **hub)
+        except Exception:  # none (an encoder's checkpoint), or unreadable: the one derived from the config stands
+            return None
+
     def _config(self, cls: Any, name: Any, kwargs: dict[str, Any]) -> Any:
         from transformers import AutoConfig, PretrainedConfig
 
@@ -326,12 +336,24 @@ class Twins:
         self.made.append(twin)
         return twin
 
-    def _saved(self, cls: Any, config: Any) -> Path:
-        """The folder of the twin's weights, built once per architecture and config in the session."""
+    def _saved(self, cls: Any, config: Any, generation: Any = None) -> Path:
+        """The folder of the twin's weights, built once per architecture, config and generation config in the session.
+
+        `generation` is the checkpoint's own generation config (Whisper's holds its languages and tasks, which its
+        `generate` reads): the twin's folder holds it in place of the one derived from the model's config.
+        """
         import torch
 
         narrowed = _narrowed(config)
-        text = json.dumps({"class": cls.__name__, "config": narrowed.to_dict()}, sort_keys=True, default=str)
+        text = json.dumps(
+            {
+                "class": cls.__name__,
+                "config": narrowed.to_dict(),
+                "generation": generation.to_dict() if generation is not None else None,
+            },
+            sort_keys=True,
+            default=str,
+        )
         folder = self.folder / f"{cls.__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         if folder.is_dir():
             return folder
@@ -342,6 +364,8 @@ class Twins:
                 model = cls._from_config(narrowed)
             building = Path(tempfile.mkdtemp(dir=self.folder))
             model.save_pretrained(building)
+            if generation is not None and model.can_generate():
+                generation.save_pretrained(building)
             try:
                 building.rename(folder)
             except OSError:  # another process of a distributed run saved the same twin first

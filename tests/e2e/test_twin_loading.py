@@ -86,6 +86,23 @@ def test_the_twin_of_bert_large_trains() -> None:
     model(input_ids=torch.tensor([[101, 2000, 102]]), labels=torch.tensor([1])).loss.backward()
 
 
+def test_the_twin_keeps_the_checkpoints_generation_config(tmp_path: Path) -> None:
+    """Whisper's generate reads its languages and tasks from the checkpoint's generation config, which the model's
+    config does not hold: the twin built from the config alone lacked them, and a script's evaluation with
+    predict_with_generate failed ("'GenerationConfig' object has no attribute 'lang_to_id'")."""
+    hub_id = checkpoints.cache(tmp_path / "hf", "openai--whisper-large-v3")
+    twins = loading.Twins("twin", tmp_path / "twins")
+    with twins.installed():
+        model = transformers.WhisperForConditionalGeneration.from_pretrained(
+            hub_id, cache_dir=tmp_path / "hf" / "hub", dtype=torch.float32
+        )
+    assert parameters(model) < 25_000_000
+    assert model.generation_config.lang_to_id["<|fr|>"] == 50265
+    assert model.generation_config.task_to_id == {"transcribe": 50360, "translate": 50359}
+    features = torch.randn(1, 128, 3000)
+    model.generate(input_features=features, language="fr", task="transcribe", max_new_tokens=2)
+
+
 def test_the_cpu_items_twin_gives_its_own_reason(tmp_path: Path) -> None:
     """On a machine with a GPU, `auto` builds a model of 1B parameters at full size for the cuda items and runs the
     script once more for the cpu items, in `CPU_ITEMS` mode: their twin says so, not that an option asked for one."""
