@@ -207,10 +207,11 @@ def load_trainer(command: Command, factory: str | None, sandbox: Sandbox) -> Loa
             explained = script_rows.explain(error)  # a name a newer release of the library no longer has
             if explained is not None:
                 raise ScriptError(script, explained.cause, explained.fix, _script_frame(script, error)) from error
+            message, needed = _import_failure(error)
             raise ScriptError(
                 script,
-                f"import failed: {error}",
-                f"install the missing package in the test environment ({error.name or 'see below'}) or fix the import",
+                f"import failed: {message}",
+                f"install the missing package in the test environment ({needed or 'see below'}) or fix the import",
                 _script_frame(script, error),
             ) from error
         except Exception as error:
@@ -468,6 +469,15 @@ def _exit_error(command: Command, exit: SystemExit, last_lines: list[str]) -> Sc
         f"the script exited (sys.exit with code {exit.code!r}) before building a Trainer; its last output:\n{output}",
         fix,
     )
+
+
+def _import_failure(error: ImportError) -> tuple[str, str | None]:
+    """An ImportError's first sentence on one line (transformers starts its backend errors with a line break), and the
+    package it names: the module not found, or the library transformers says a class requires."""
+    words = " ".join(str(error).split())
+    first = re.match(r"(.+?[.!])(?:\s|$)", words)
+    named = re.search(r"requires (?:the )?(\S+) library", words)
+    return (first.group(1) if first else words), error.name or (named.group(1) if named else None)
 
 
 def _script_frame(script: Path, error: BaseException) -> str | None:

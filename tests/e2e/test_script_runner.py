@@ -245,6 +245,14 @@ def test_a_transformers_that_does_not_import_fails_the_load_item(
                 "*fix: install the missing package*package_that_is_not_installed*",
             ],
         ),
+        (  # transformers' own error for a class whose library is missing: it begins with a line break
+            "import tiny\nfrom transformers.utils.import_utils import requires_backends\n"
+            "class VideoProcessor: ...\nrequires_backends(VideoProcessor, ['essentia'])\n",
+            [
+                "*train.py: import failed: VideoProcessor requires essentia library.",
+                "*fix: install the missing package in the test environment (essentia) or fix the import*",
+            ],
+        ),
         (
             "import tiny\nimport sys\nprint('loading data')\nsys.exit(3)\n",
             ["*the script exited (sys.exit with code 3) before building a Trainer*", "*| loading data*"],
@@ -270,7 +278,7 @@ def test_a_transformers_that_does_not_import_fails_the_load_item(
             ["*the script finished without building a transformers.Trainer*", "*fix: *--trainer-factory=NAME*"],
         ),
     ],
-    ids=["syntax-error", "import-error", "sys-exit", "library-error", "own-error", "no-trainer"],
+    ids=["syntax-error", "import-error", "missing-library", "sys-exit", "library-error", "own-error", "no-trainer"],
 )
 def test_broken_script_fails_once_with_cause_and_fix(
     project: pytest.Pytester, source: str, expected: list[str]
