@@ -11,6 +11,8 @@ import inspect
 import re
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_trainer import diagnosis, model_facts
 from pytest_trainer.explanations import script_rows
 from pytest_trainer.explanations.registry import PIPELINE, Explained, Found, first, row
@@ -123,6 +125,79 @@ def _stored_values(facts: Pipeline, column: str, rows: int = 8) -> list[Any]:
 )
 def _device_mismatch(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
     return script_rows.placement(error)
+
+
+#: The dtype names a mixed-precision flag computes in, as torch's messages write them.
+HALF_NAMES = {"bf16": ("BFloat16", "bfloat16"), "fp16": ("Half", "float16")}
+
+
+def fp16_trainable(facts: Pipeline, model: Any) -> diagnosis.PipelineFailure | None:
+    """Trainable fp16 weights under fp16=True: the GPU's gradient scaler refuses their gradients."""
+    import torch
+
+    if facts.precision() != "fp16":
+        return None
+    half = [
+        name
+        for name, parameter in model.named_parameters()
+        if parameter.requires_grad and parameter.dtype == torch.float16
+    ]
+    if not half:
+        return None
+    return diagnosis.PipelineFailure(
+        f"{len(half)} trainable weights are fp16 under fp16=True mixed precision (e.g. {half[0]}): the gradient "
+        'scaler refuses fp16 gradients on a GPU ("Attempting to unscale FP16 gradients"), and without it AdamW '
+        "updates fp16 weights until they are NaN",
+        "keep trainable weights in fp32 and let autocast cast them: load the model with dtype=torch.float32 "
+        "(transformers 5 loads a checkpoint in the dtype it was saved in unless dtype= says otherwise), or cast the "
+        "trainable ones (adapters, heads) to float32; or train in bf16 where the GPU has it",
+    )
+
+
+@row(
+    PIPELINE,
+    "a model in half precision fed float32 inputs",
+    "RuntimeError: Input type (float) and bias type (c10::BFloat16) should be the same (or: Input type "
+    "(torch.FloatTensor) and weight type (CPUBFloat16Type) should be the same ...)",
+    r"Input type \((?:float|[^)]*FloatTensor)\) and (?:bias|weight) type \([^)]*?(BFloat16|Half)[^)]*\) should be"
+    r"|mat1 and mat2 must have the same dtype, but got Float and (\w+)"
+    r"|expected m(?:at)?1 and m(?:at)?2 to have the same dtype, but got: float != c10::(\w+)",
+    "forward",
+)
+def _half_weights_float_inputs(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
+    """Where the script asks for the mixed precision of the weights' dtype, a GPU's autocast casts the inputs and
+    this machine, which runs the items in fp32, cannot tell: the item is skipped with the reason."""
+    import torch
+
+    found = next(group for group in match.groups() if group)
+    precision = next((flag for flag, names in HALF_NAMES.items() if found in names), None)
+    if precision is None:
+        return None
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    name = HALF_NAMES[precision][1]
+    model = facts.model
+    held = [name for name, parameter in model.named_parameters() if parameter.dtype == dtype]
+    if not held:
+        return None
+    trainable = fp16_trainable(facts, model)
+    if trainable is not None:
+        return trainable
+    inputs = [key for key, value in _batch(facts).items() if getattr(value, "dtype", None) == torch.float32]
+    fed = f"its float32 inputs ({', '.join(inputs)})" if inputs else "its float32 inputs"
+    asked = facts.precision()
+    if asked is not None and not getattr(facts.trainer.args, asked, False):
+        pytest.skip(
+            f"not checked on this machine: the model's weights are {name} and its forward leaves the cast of {fed} "
+            f"to autocast, which {asked}=True turns on where the Trainer runs on a GPU; without a GPU the items run "
+            "in fp32, without autocast"
+        )
+    return Explained(
+        f"the model's weights are {name} ({len(held)} tensors, e.g. {held[0]}) but {fed} are not, and no mixed "
+        f"precision casts them (neither bf16=True nor fp16=True): the model's first layer refuses them",
+        f"load the model in float32 (dtype=torch.float32; transformers 5 loads a checkpoint in the dtype it was saved "
+        f"in unless dtype= says otherwise) and train with {'bf16=True' if precision == 'bf16' else 'fp16=True'}, or "
+        f"cast {fed} to {name} in the collator",
+    )
 
 
 @row(

@@ -192,7 +192,8 @@ def _explained(stage: Stage, pipeline: Pipeline, device: str) -> StageResult:
 
 
 def _user_failure(error: Exception, pipeline: Pipeline, stage: str) -> Exception:
-    """A failure naming the cause, when a part of the user's pipeline raised `error`; else an internal error."""
+    """A failure naming the cause, when a part of the user's pipeline raised `error`; else an internal error. (A row
+    that finds the error comes of what this machine cannot run as the GPU would skips the item itself.)"""
     part = diagnosis.part_of(error)
     if part is None:
         return diagnosis.InternalError(stage, error)

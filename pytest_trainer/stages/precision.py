@@ -17,6 +17,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from pytest_trainer import diagnosis
+from pytest_trainer.explanations import pipeline_rows
 from pytest_trainer.stages.base import Stage, StageResult
 from pytest_trainer.training import non_finite
 
@@ -48,15 +49,9 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
             f"the script asks for bf16=True, but this GPU ({torch.cuda.get_device_name()}) has no bf16 arithmetic",
             "use fp16=True on this GPU (with fp32 trainable weights), or train on one with bf16 (Ampere or newer)",
         )
-    half = [(name, parameter.dtype) for name, parameter in trainable.items() if parameter.dtype == torch.float16]
-    if mixed == "fp16" and half:
-        raise diagnosis.PipelineFailure(
-            f"{len(half)} trainable weights are fp16 under fp16=True mixed precision (e.g. {half[0][0]}): the "
-            'gradient scaler refuses fp16 gradients on a GPU ("Attempting to unscale FP16 gradients"), and without '
-            "it AdamW updates fp16 weights until they are NaN",
-            "keep trainable weights in fp32 and let autocast cast them: load the model without dtype=float16, or "
-            "cast the trainable ones (adapters, heads) to float32; or train in bf16 where the GPU has it",
-        )
+    half = pipeline_rows.fp16_trainable(pipeline, model)
+    if half is not None:
+        raise half
     if mixed is None:
         return result
     batch = pipeline.batches.first_on(device)

@@ -198,3 +198,65 @@ def test_a_layer_norm_wav2vec2_fed_padding_without_a_mask_fails_collate(project:
 def test_padding_as_the_checkpoint_expects_passes(project: pytest.Pytester, mask: bool, norm: str) -> None:
     write(project, "train.py", PADDED.format(mask=mask, norm=norm))
     assert failures(run_script(project, STAGES)) == []
+
+
+# ---- a model in half precision, fed the float32 features of its extractor ------------------------------------------
+
+
+def _in_half(dtype: str, flag: str) -> str:
+    """The stored-at-16-kHz script with its model cast to `dtype` and `flag` (bf16=True, fp16=True) in its arguments:
+    Wav2Vec2's first convolution takes the extractor's float32 input_values as they come."""
+    source = WAVEFORMS.format(rate=16000, array=AS_STORED)
+    source = source.replace("import numpy as np", "import numpy as np\n    import torch")
+    source = source.replace(
+        "model=Wav2Vec2ForSequenceClassification(config)",
+        f"model=Wav2Vec2ForSequenceClassification(config).to(torch.{dtype})",
+    )
+    return source.replace("remove_unused_columns=False", f"remove_unused_columns=False, {flag}")
+
+
+def test_bf16_weights_left_to_bf16_autocast_are_not_checked_without_a_gpu(project: pytest.Pytester) -> None:
+    """On a GPU, bf16=True's autocast casts the features at the convolution; the CPU items run without it: not a
+    failure of the script, and not checked here."""
+    write(project, "train.py", _in_half("bfloat16", "bf16=True"))
+    result = run_script(project, STAGES, "-rs")
+    assert failures(result) == []
+    result.stdout.fnmatch_lines(
+        [
+            "*not checked on this machine: the model's weights are bfloat16 and its forward leaves the cast of its "
+            "float32 inputs (input_values) to autocast, which bf16=True turns on where the Trainer runs on a GPU*"
+        ]
+    )
+
+
+def test_bf16_weights_without_mixed_precision_fail_forward(project: pytest.Pytester) -> None:
+    write(project, "train.py", _in_half("bfloat16", "bf16=False"))
+    result = run_script(project, STAGES)
+    assert failures(result) == ["forward[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "forward[[]cpu[]] failed: the model's weights are bfloat16 (* tensors, e.g. *) but its float32 inputs "
+            "(input_values) are not, and no mixed precision casts them (neither bf16=True nor fp16=True)*",
+            "*fix: load the model in float32 (dtype=torch.float32;*and train with bf16=True*",
+        ]
+    )
+
+
+def test_fp16_weights_under_fp16_fail_forward_naming_the_gradient_scaler(project: pytest.Pytester) -> None:
+    """On a GPU the forward runs under fp16 autocast, and the first step stops at the gradient scaler: the CPU's
+    fp32 forward fails first, with that cause rather than the convolution's dtype error."""
+    write(project, "train.py", _in_half("float16", "fp16=True"))
+    result = run_script(project, STAGES)
+    assert failures(result) == ["forward[cpu]"]
+    result.stdout.fnmatch_lines(
+        [
+            "forward[[]cpu[]] failed: * trainable weights are fp16 under fp16=True mixed precision (e.g. *): the "
+            'gradient scaler refuses fp16 gradients on a GPU ("Attempting to unscale FP16 gradients")*',
+            "*fix: keep trainable weights in fp32*dtype=torch.float32 (transformers 5 loads a checkpoint in the dtype*",
+        ]
+    )
+
+
+def test_fp32_weights_under_bf16_pass(project: pytest.Pytester) -> None:
+    write(project, "train.py", _in_half("float32", "bf16=True"))
+    assert failures(run_script(project, STAGES)) == []
