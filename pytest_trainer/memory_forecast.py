@@ -49,8 +49,11 @@ class Forecast:
 
 
 def size(count: int) -> str:
-    """Bytes in the unit a person reads: `43.1 MiB`, `1.27 GiB`."""
-    return f"{count / GIB:.3g} GiB" if count >= GIB else f"{count / 2**20:.3g} MiB"
+    """Bytes in the unit a person reads: `512 bytes`, `3.5 KiB`, `43.1 MiB`, `1.27 GiB`."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count} bytes"
 
 
 @contextmanager
