@@ -660,3 +660,24 @@ def _usual_targets(family: str | None) -> list[str] | None:
         return None
     found = usual.get(family) if family else None
     return list(found) if found else None
+
+
+@row(
+    SCRIPT,
+    "an assistant-only loss on a chat template TRL cannot mark",
+    "ValueError: The chat template is not training-compatible (missing prefix-preservation or `{% generation %}` "
+    "markers) and patching is not supported for this template.",
+    r"chat template is not training-compatible",
+    "load",
+)
+def _template_not_markable(match: re.Match[str], error: BaseException) -> Explained | None:
+    if not _raised_in(error, "/trl/"):
+        return None
+    return Explained(
+        "assistant_only_loss=True needs a chat template that marks the assistant's turns with {% generation %} ... "
+        "{% endgeneration %}; this tokenizer's template has no such marks, and TRL adds them only to the templates it "
+        "knows word for word (a checkpoint's own, unedited)",
+        "use the checkpoint's own chat template unedited, or wrap the assistant's content in {% generation %} ... "
+        "{% endgeneration %} in the template; or give prompt-completion data (prompt and completion columns), whose "
+        "loss is on the completion alone (completion_only_loss, TRL's default there)",
+    )

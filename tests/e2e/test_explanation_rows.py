@@ -295,3 +295,32 @@ def test_grpo_fix_generation_batch_size_is_accepted(tmp_path: Path) -> None:
         num_generations=8,
         generation_batch_size=int(suggested("generation_batch_size", found.fix)),
     )
+
+
+# ---- TRL ----------------------------------------------------------------------------------------------------------
+
+
+def test_an_assistant_only_loss_on_a_template_trl_cannot_mark_names_the_markers(tmp_path: Path) -> None:
+    turn = "{{ m['role'] + ': ' }}"
+    plain = "{% for m in messages %}" + turn + "{{ m['content'] + ' </s> ' }}{% endfor %}"
+    marked = (
+        "{% for m in messages %}" + turn + "{% if m['role'] == 'assistant' %}{% generation %}"
+        "{{ m['content'] + ' </s> ' }}{% endgeneration %}{% else %}{{ m['content'] + ' </s> ' }}{% endif %}"
+        "{% endfor %}"
+    )
+    rows = [[{"role": "user", "content": "a b"}, {"role": "assistant", "content": "b a"}]] * 4
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path), assistant_only_loss=True, bf16=False, max_length=16, report_to="none"
+    )
+    tok = tokenizer()
+
+    def build(template: str) -> Any:
+        tok.chat_template = template
+        return trl.SFTTrainer(
+            llama(), args=args, train_dataset=Dataset.from_dict({"messages": rows}), processing_class=tok
+        )
+
+    found = explained(lambda: build(plain))
+    assert found.cause.startswith("assistant_only_loss=True needs a chat template that marks the assistant's turns")
+    assert "{% generation %}" in found.fix
+    build(marked)  # the fix: the assistant's content wrapped in the marks, which TRL accepts
