@@ -215,8 +215,9 @@ def check_sampling_rate(pipeline: Pipeline, notes: list[str] | None = None) -> N
     if not compared and notes is not None:
         notes.append(
             f"not checked: the audio's sampling rate against the {wanted} Hz {type(extractor).__name__} reads: no "
-            "training row holds its audio as stored, nor does a dataset the script's map() made them from row for row "
-            "(one that cut or joined clips)"
+            "training row holds its audio with the rate it was recorded at (a datasets.Audio column, values of "
+            '{"array", "sampling_rate"}, or a sampling_rate column beside the arrays), nor does a dataset the '
+            "script's map() made them from row for row (one that cut or joined clips)"
         )
     if not heard:
         return
