@@ -572,10 +572,18 @@ FOR_TASK: dict[str, tuple[Callable[[Pipeline, FedSplit], None], ...]] = {
 
 
 @message
-def pad_in_targets(pad: int, count: int, where: str) -> diagnosis.Finding:
+def pad_in_targets(pad: int, count: int, where: str, collator: str | None = None) -> diagnosis.Finding:
+    """`collator`: the name of the script's own collator where it padded them."""
+    fix = (
+        f"in {collator}, set the labels' padded positions to -100 by the mask the tokenizer's pad() returns "
+        '(labels = batch["input_ids"].masked_fill(batch["attention_mask"].ne(1), -100)), not by the pad id, which '
+        "may be the end token the model must learn"
+        if collator
+        else "set padded label positions to -100: tokenize targets without padding='max_length' and let "
+        "DataCollatorForSeq2Seq pad them (label_pad_token_id=-100), or replace the pad id by -100 in the labels"
+    )
     return diagnosis.Finding(
         f"the labels hold the pad id {pad} ({where} and {count} positions in all) instead of -100: the loss "
         "trains the model to write padding after every target",
-        "set padded label positions to -100: tokenize targets without padding='max_length' and let "
-        "DataCollatorForSeq2Seq pad them (label_pad_token_id=-100), or replace the pad id by -100 in the labels",
+        fix,
     )

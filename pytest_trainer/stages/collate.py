@@ -82,7 +82,18 @@ def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
     if found is not None:
         index, count = found
         row = index // values.shape[-1] if values.ndim > 1 else index
-        raise pad_in_targets(int(values.reshape(-1)[index]), count, f"row {row} of the first batch the collator made")
+        where = f"row {row} of the first batch the collator made"
+        raise pad_in_targets(int(values.reshape(-1)[index]), count, where, _own_collator(pipeline))
+
+
+def _own_collator(pipeline: Pipeline) -> str | None:
+    """The name of the script's own collator (a function or a class of its own), or None for a library's."""
+    collator = pipeline.trainer.data_collator
+    owner = collator if hasattr(collator, "__qualname__") else type(collator)
+    module = str(getattr(owner, "__module__", "") or "").split(".")[0]
+    if module in ("transformers", "trl", "sentence_transformers", "datasets", "functools", "builtins"):
+        return None
+    return str(owner.__qualname__).split(".<locals>.")[-1]
 
 
 @checks("collate", reads=BATCH)

@@ -259,6 +259,8 @@ def test_whisper_targets_the_collator_pads_with_the_pad_id_fail_collate(project:
     assert failures(result) == ["collate[cpu]"], result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(
         [
-            "*the labels hold the pad id * (row * of the first batch the collator made and * positions in all) instead of -100*"
+            "*the labels hold the pad id * (row * of the first batch the collator made and * positions in all) instead of -100*",
+            "*fix: in DataCollatorSpeechSeq2SeqWithPadding, set the labels' padded positions to -100 by the mask the "
+            "tokenizer's pad() returns*",
         ]
     )
