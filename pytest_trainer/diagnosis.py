@@ -142,7 +142,10 @@ def owned_by_pipeline(error: BaseException) -> bool:
 
 
 #: The fix of a library error no explanation row knows, raised while a stage ran a part of the pipeline.
-UNEXPLAINED_FIX = "fix {part}: the original error and its traceback are below"
+UNEXPLAINED_FIX = (
+    "the traceback below shows the call in which {part} raised it; pytest-trainer knows no cause or fix for this "
+    "error yet"
+)
 
 
 def raised_by(error: BaseException, part: str) -> PipelineFailure:
