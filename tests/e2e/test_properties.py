@@ -15,7 +15,8 @@ def test_no_false_alarm_on_correct_pipelines(project: pytest.Pytester, kind: str
     write(project, "train.py", KIND_SCRIPTS[kind])
     result = run_script(project, PROPERTIES)
     assert failures(result) == []
-    assert outcomes(result)["padding[cpu]"] == "PASSED"
+    # Blocks of one length, stacked by the default collator: no row is ever padded (see the test of GROUPED below).
+    assert outcomes(result)["padding[cpu]"] == ("SKIPPED" if kind == "causal-lm-packed" else "PASSED")
     assert outcomes(result)["lengths[cpu]"] == "PASSED"
 
 
@@ -296,3 +297,43 @@ def test_a_packing_collator_is_not_compared_as_padded_rows(project: pytest.Pytes
             "given): no row is padded beside another*"
         ]
     )
+
+
+#: Text concatenated and cut into blocks of 16 tokens (the "group_texts" recipe): every row has the same length.
+GROUPED = """
+    import lm
+    import tiny
+    from datasets import Dataset
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments, default_data_collator
+
+    tok = lm.tokenizer()
+    ids = [token for text in tiny.sentences(64, seed=7) for token in tok(text)["input_ids"]]
+    blocks = [ids[start:start + 16] for start in range(0, len(ids) - 15, 16)]
+    data = Dataset.from_dict({"input_ids": blocks, "attention_mask": [[1] * 16 for _ in blocks]})
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=1e-3, report_to="none")
+    trainer = Trainer(model=lm.model(), args=args, train_dataset=COLUMNS, processing_class=tok, data_collator=COLLATOR)
+    trainer.train()
+"""
+
+
+def test_a_collator_that_never_pads_skips_padding_saying_so(project: pytest.Pytester) -> None:
+    """default_data_collator stacks rows of one length and refuses others: no example is padded, so none is
+    compared, and the item says so rather than passing."""
+    from task_scripts import LM
+
+    project.makepyfile(lm=LM)
+    grouped = GROUPED.replace("COLUMNS", 'data.map(lambda row: {"labels": row["input_ids"]})')
+    write(project, "train.py", grouped.replace("COLLATOR", "default_data_collator"))
+    result = run_script(project, "--trainer-stages=padding", "-rs")
+    assert outcomes(result) == {"padding[cpu]": "SKIPPED"}, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*the collator does not pad: it refuses rows of different lengths*"])
+
+
+def test_the_same_blocks_padded_by_the_lm_collator_are_compared(project: pytest.Pytester) -> None:
+    from task_scripts import LM
+
+    project.makepyfile(lm=LM)
+    grouped = GROUPED.replace("COLUMNS", "data").replace("COLLATOR", "DataCollatorForLanguageModeling(tok, mlm=False)")
+    write(project, "train.py", grouped)
+    result = run_script(project, "--trainer-stages=padding")
+    assert outcomes(result) == {"padding[cpu]": "PASSED"}, result.stdout.str()[-3000:]
