@@ -51,7 +51,7 @@ class Forecast:
 def size(count: int) -> str:
     """Bytes in the unit a person reads: `512 bytes`, `3.5 KiB`, `43.1 MiB`, `1.27 GiB`."""
     for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= scale:
+        if count >= scale * 1000 / 1024:  # 1023.9 KiB reads 0.999 MiB, not 1.02e+03 KiB
             return f"{count / scale:.3g} {unit}"
     return f"{count} bytes"
 

@@ -575,9 +575,10 @@ FOR_TASK: dict[str, tuple[Callable[[Pipeline, FedSplit], None], ...]] = {
 def pad_in_targets(pad: int, count: int, where: str, collator: str | None = None) -> diagnosis.Finding:
     """`collator`: the name of the script's own collator where it padded them."""
     fix = (
-        f"in {collator}, set the labels' padded positions to -100 by the mask the tokenizer's pad() returns "
-        '(labels = batch["input_ids"].masked_fill(batch["attention_mask"].ne(1), -100)), not by the pad id, which '
-        "may be the end token the model must learn"
+        f"in {collator}, set the labels' padded positions to -100 by the mask the tokenizer's pad() returns for "
+        'them (padded = tokenizer.pad(label_features, return_tensors="pt"); labels = '
+        'padded["input_ids"].masked_fill(padded["attention_mask"].ne(1), -100)), not by the pad id, which may be '
+        "the end token the model must learn"
         if collator
         else "set padded label positions to -100: tokenize targets without padding='max_length' and let "
         "DataCollatorForSeq2Seq pad them (label_pad_token_id=-100), or replace the pad id by -100 in the labels"

@@ -114,8 +114,9 @@ def audit(
     if image_targets:
         return figures, [
             f"image tokens among supervised labels: {image_targets} of {total_targets} ({share:.0%}), below the "
-            f"{IMAGE_TARGET_SHARE:.0%} from which they weaken training: the model also learns to predict the image "
-            f"placeholders (labels[labels == {token}] = -100 in the collator leaves the loss to the text)"
+            f"{IMAGE_TARGET_SHARE:.0%} from which this check fails: they still take that share of the loss, on "
+            f"placeholders the model is always given (labels[labels == {token}] = -100 in the collator leaves it to "
+            "the text)"
         ]
     return figures, [f"image tokens among supervised labels: {image_targets} of {total_targets} ({share:.0%})"]
 

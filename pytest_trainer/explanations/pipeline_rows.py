@@ -165,8 +165,8 @@ def fp16_trainable(facts: Pipeline, model: Any) -> diagnosis.PipelineFailure | N
     "forward",
 )
 def _half_weights_float_inputs(match: re.Match[str], error: BaseException, facts: Pipeline) -> Found:
-    """Where the script asks for the mixed precision of the weights' dtype, a GPU's autocast casts the inputs and
-    this machine, which runs the items in fp32, cannot tell: the item is skipped with the reason."""
+    """Where the script asks for mixed precision, the autocast trainer.train() turns on casts the inputs; the items
+    run the model without it and cannot tell: the item is skipped with the reason."""
     import torch
 
     found = next(group for group in match.groups() if group)
@@ -176,20 +176,19 @@ def _half_weights_float_inputs(match: re.Match[str], error: BaseException, facts
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     name = HALF_NAMES[precision][1]
     model = facts.model
-    held = [name for name, parameter in model.named_parameters() if parameter.dtype == dtype]
-    if not held:
-        return None
+    held = [weight for weight, parameter in model.named_parameters() if parameter.dtype == dtype]
+    inputs = [key for key, value in _batch(facts).items() if getattr(value, "dtype", None) == torch.float32]
+    if not held or not inputs:
+        return None  # a layer of the model's own fed another of its dtypes: no cause this row can name
     trainable = fp16_trainable(facts, model)
     if trainable is not None:
         return trainable
-    inputs = [key for key, value in _batch(facts).items() if getattr(value, "dtype", None) == torch.float32]
-    fed = f"its float32 inputs ({', '.join(inputs)})" if inputs else "its float32 inputs"
+    fed = f"its float32 inputs ({', '.join(inputs)})"
     asked = facts.precision()
-    if asked is not None and not getattr(facts.trainer.args, asked, False):
+    if asked is not None:
         pytest.skip(
-            f"not checked on this machine: the model's weights are {name} and its forward leaves the cast of {fed} "
-            f"to autocast, which {asked}=True turns on where the Trainer runs on a GPU; without a GPU the items run "
-            "in fp32, without autocast"
+            f"not checked: the model's weights are {name} and its forward leaves the cast of {fed} to the autocast "
+            f"that {asked}=True turns on inside trainer.train(), which the items do not run the model under"
         )
     return Explained(
         f"the model's weights are {name} ({len(held)} tensors, e.g. {held[0]}) but {fed} are not, and no mixed "

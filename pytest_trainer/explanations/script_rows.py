@@ -675,9 +675,9 @@ def _template_not_markable(match: re.Match[str], error: BaseException) -> Explai
         return None
     return Explained(
         "assistant_only_loss=True needs a chat template that marks the assistant's turns with {% generation %} ... "
-        "{% endgeneration %}; this tokenizer's template has no such marks, and TRL adds them only to the templates it "
-        "knows word for word (a checkpoint's own, unedited)",
-        "use the checkpoint's own chat template unedited, or wrap the assistant's content in {% generation %} ... "
-        "{% endgeneration %} in the template; or give prompt-completion data (prompt and completion columns), whose "
+        "{% endgeneration %}; this tokenizer's template has no such marks, and TRL adds them only to the templates "
+        "on its list, word for word (trl.chat_template_utils: some Qwen, Llama 3, Phi-3 and other checkpoints' own)",
+        "wrap the assistant's content in {% generation %} ... {% endgeneration %} in the template (or use a "
+        "template on TRL's list unedited); or give prompt-completion data (prompt and completion columns), whose "
         "loss is on the completion alone (completion_only_loss, TRL's default there)",
     )

@@ -4,6 +4,8 @@ padding masked where the model needs it: `audio`)."""
 
 from __future__ import annotations
 
+import sys
+import sysconfig
 from typing import TYPE_CHECKING
 
 from pytest_trainer import diagnosis, model_facts, tasks
@@ -87,13 +89,17 @@ def check_target_padding(pipeline: Pipeline, batch: dict) -> None:
 
 
 def _own_collator(pipeline: Pipeline) -> str | None:
-    """The name of the script's own collator (a function or a class of its own), or None for a library's."""
+    """The name of the script's own collator (a function or a class defined outside the installed packages), or None
+    for a library's (or one that cannot be named: a lambda, a partial)."""
     collator = pipeline.trainer.data_collator
     owner = collator if hasattr(collator, "__qualname__") else type(collator)
-    module = str(getattr(owner, "__module__", "") or "").split(".")[0]
-    if module in ("transformers", "trl", "sentence_transformers", "datasets", "functools", "builtins"):
+    name = str(getattr(owner, "__qualname__", "")).split(".<locals>.")[-1]
+    module = sys.modules.get(str(getattr(owner, "__module__", "")))
+    source = str(getattr(module, "__file__", "") or "")
+    installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib")}
+    if not source or not name or name.startswith("<") or any(source.startswith(path) for path in installed):
         return None
-    return str(owner.__qualname__).split(".<locals>.")[-1]
+    return name
 
 
 @checks("collate", reads=BATCH)

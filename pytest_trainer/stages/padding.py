@@ -48,6 +48,7 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
     model = pipeline.model_on(device)
     model.eval()
     padded = [0]
+    refused: list[str] = []
 
     def invariant(example: tuple[int, int, int]) -> None:
         short, longer, cut = example
@@ -55,17 +56,22 @@ def run(pipeline: Pipeline, device: str) -> StageResult:
         features[0] = strategies.resize(features[0], cut, pipeline)
         try:
             batch = pipeline.batches.collate(features, device)
-        except (ValueError, RuntimeError, TypeError):
-            return  # a collator that does not pad rows of different lengths
+        except (ValueError, RuntimeError, TypeError) as error:  # a collator that does not pad rows of other lengths
+            refused.append(
+                f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            )
+            return
         padded[0] += compare(pipeline, model, batch, model_input, short, cut)
 
     key = f"{pipeline.name}::padding[{device}]"
     search(strategies.padding_pairs(pipeline), invariant, key, pipeline.settings.examples)
-    if not padded[0]:
+    if not padded[0] and refused:
         pytest.skip(
-            "the collator does not pad: it refuses rows of different lengths, so every training row it batches has "
-            "the same length and no padding is fed to the model"
+            f"the collator does not pad: it refuses a row cut shorter beside a longer one ({refused[0]}), so every "
+            "row it batches in training has one length and no padding is fed to the model"
         )
+    if not padded[0]:
+        pytest.skip("no row drawn was padded beside a longer one: the training rows leave no length to vary")
     return StageResult("padding", device)
 
 

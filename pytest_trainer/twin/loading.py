@@ -169,7 +169,7 @@ class Twins:
             return original(name, *model_args, **kwargs)
         try:
             twin = self._record(name, cls, config, reason, parameters)
-            folder = self._saved(cls, config, self._generation(name, kwargs))
+            folder = self._saved(cls, config, self._generation(cls, name, kwargs))
         except Exception as error:
             raise TwinError(name, cls.__name__, error) from error
         twin.quantized_bits, twin.compute_dtype = _bits(kwargs)
@@ -296,12 +296,19 @@ class Twins:
         except Exception:  # counted for the report only
             return 0
 
-    def _generation(self, name: Any, kwargs: dict[str, Any]) -> Any:
-        """The checkpoint's own generation config, where it has one (read as its config is: no weight file)."""
+    def _generation(self, cls: Any, name: Any, kwargs: dict[str, Any]) -> Any:
+        """The checkpoint's own generation config, where the class generates and the checkpoint has one (read as its
+        config is: no weight file)."""
         from transformers import GenerationConfig
 
-        hub = {key: kwargs[key] for key in ("subfolder", "revision", "cache_dir", "token") if key in kwargs}
+        hub = {
+            key: kwargs[key]
+            for key in ("subfolder", "revision", "cache_dir", "token", "local_files_only")
+            if key in kwargs
+        }
         try:
+            if not cls.can_generate():
+                return None
             return GenerationConfig.from_pretrained(name, **hub)
         except Exception:  # none (an encoder's checkpoint), or unreadable: the one derived from the config stands
             return None
@@ -364,8 +371,8 @@ class Twins:
                 model = cls._from_config(narrowed)
             building = Path(tempfile.mkdtemp(dir=self.folder))
             model.save_pretrained(building)
-            if generation is not None and model.can_generate():
-                generation.save_pretrained(building)
+            if generation is not None and model.can_generate():  # as read: save_pretrained would validate it anew
+                generation.to_json_file(building / "generation_config.json")
             try:
                 building.rename(folder)
             except OSError:  # another process of a distributed run saved the same twin first

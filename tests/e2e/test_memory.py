@@ -527,9 +527,10 @@ def test_evaluation_forecast_counts_every_row_of_a_transformed_evaluation_split(
 
 def test_sizes_read_in_the_unit_a_person_reads() -> None:
     """A model's buffers are often a few bytes: `0.000488 MiB` read as a rounding error."""
-    assert [memory_forecast.size(count) for count in (512, 3584, 45_200_000, 2**31)] == [
+    assert [memory_forecast.size(count) for count in (512, 3584, 45_200_000, 2**20 - 100, 2**31)] == [
         "512 bytes",
         "3.5 KiB",
         "43.1 MiB",
+        "1 MiB",
         "2 GiB",
     ]

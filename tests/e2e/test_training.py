@@ -127,6 +127,10 @@ def test_first_rows_keeps_a_batch_whose_images_are_not_one_to_a_row() -> None:
         "image_grid_thw": torch.tensor([[1, 6, 3]] * 4),
     }
     assert first_rows(batch, "input_ids", 2) is batch
+    # Whatever the tensor whose first dimension is not the rows (a per-batch constant too): compared whole.
+    assert first_rows({"input_ids": torch.zeros(8, 5), "pixel_mean": torch.zeros(3)}, "input_ids", 2)[
+        "input_ids"
+    ].shape == (8, 5)
 
 
 def _sft_trainer(output_dir: str) -> Any:

@@ -173,7 +173,7 @@ def test_a_small_share_of_supervised_image_tokens_is_a_note(vlm: pytest.Pytester
     items = json.loads((vlm.path / "report.json").read_text())["items"]
     targets = next(item for item in items if item["stage"] == "targets")
     assert any(
-        "image tokens among supervised labels" in note and "below the 25% from which they weaken training" in note
+        "image tokens among supervised labels" in note and "below the 25% from which this check fails" in note
         for note in targets["notes"]
     ), targets["notes"]
 
