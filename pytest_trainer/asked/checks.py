@@ -58,7 +58,8 @@ def check_prompt_as_asked(asked: Asked) -> None:
         prompt = asked.prompt_for(row)
         if not prompt:
             continue
-        ids = [int(token) for token in row.ids[: len(prompt)]]
+        prompt = asked.collapsed(prompt)  # a processor's image placeholders: as many at inference as in training
+        ids = asked.collapsed([int(token) for token in row.ids])[: len(prompt)]
         same = next((index for index, (a, b) in enumerate(zip(ids, prompt, strict=False)) if a != b), len(ids))
         compared.append((row, prompt, same))
     differ = [(row, prompt, same) for row, prompt, same in compared if same < len(prompt)]
@@ -66,10 +67,11 @@ def check_prompt_as_asked(asked: Asked) -> None:
         return
     row, prompt, same = differ[0]
     start = max(0, same - 8)
+    trained = asked.collapsed([int(token) for token in row.ids])
     raise diagnosis.Finding(
         f"{len(differ)} of {len(compared)} sampled conversations are trained on a prompt that differs from the one "
         f"inference gives the model (apply_chat_template(messages[:-1], add_generation_prompt=True)): they part at "
-        f"token {same}, trained {asked.text(row.ids[start : same + 8])!r} against asked "
+        f"token {same}, trained {asked.text(trained[start : same + 8])!r} against asked "
         f"{asked.text(prompt[start : same + 8])!r}",
         "build the training rows with the tokenizer's own chat template (apply_chat_template on the messages, or "
         "TRL's SFTTrainer on the messages column), or save the template you train with as tokenizer.chat_template",

@@ -169,8 +169,12 @@ class Asked:
         packs_samples: bool = False,
         truncates_at: int | None = None,
         length_setting: str = "max_length",
+        expanded: frozenset[int] = frozenset(),
     ) -> None:
         self.rows = rows
+        #: The placeholder tokens a multimodal processor repeats, one for each feature of an image (or a video, an
+        #: audio clip), where the tokenizer's template writes one.
+        self.expanded = expanded
         #: The tokenizer (a multimodal processor holds it), or None.
         self.tokenizer: Any = tokenizer
         #: The tokenizer's special token ids.
@@ -209,6 +213,7 @@ class Asked:
             packs_samples=bool(getattr(trainer.args, "packing", False)),
             truncates_at=truncates_at,
             length_setting=FRAMEWORK_LENGTHS.get(type(trainer).__module__.split(".")[0], "max_length"),
+            expanded=_placeholders(processor, tokenizer),
         )
 
     @functools.cached_property
@@ -286,6 +291,15 @@ class Asked:
         if _conversation(prompt) and _conversation(completion) and len(completion) == 1:
             return list(prompt), completion[0]
         return None
+
+    def collapsed(self, ids: list[int]) -> list[int]:
+        """`ids` with each run of one placeholder token a processor expands taken as one token, as the template
+        writes it."""
+        kept: list[int] = []
+        for token in ids:
+            if not (kept and token == kept[-1] and token in self.expanded):
+                kept.append(token)
+        return kept
 
     def prompt_for(self, row: Row) -> list[int] | None:
         """The token ids inference gives the model for this row's answer: the chat template's prompt with the
@@ -384,3 +398,21 @@ def _conversation(value: Any) -> bool:
     return (
         isinstance(value, list) and bool(value) and all(isinstance(item, Mapping) and "role" in item for item in value)
     )
+
+
+def _placeholders(processor: Any, tokenizer: Any) -> frozenset[int]:
+    """The ids of the placeholder tokens a multimodal processor expands (its image, video and audio tokens)."""
+    if processor is None or processor is tokenizer:
+        return frozenset()
+    found = set()
+    for kind in ("image", "video", "audio"):
+        token_id = getattr(processor, f"{kind}_token_id", None)
+        token = getattr(processor, f"{kind}_token", None)
+        if not isinstance(token_id, int) and isinstance(token, str):
+            try:
+                token_id = tokenizer.convert_tokens_to_ids(token)
+            except Exception:  # a tokenizer of another shape: that kind is not collapsed
+                token_id = None
+        if isinstance(token_id, int) and token_id != getattr(tokenizer, "unk_token_id", None):
+            found.add(token_id)
+    return frozenset(found)

@@ -335,3 +335,15 @@ def test_an_image_processor_reloaded_with_the_other_backend_is_the_same_processo
         for what, before, after in vision_text.image_settings(trained, reloaded)
         if before != after
     )
+
+
+def test_image_tokens_the_processor_expands_are_no_other_prompt(vlm: pytest.Pytester) -> None:
+    """The processor turns each image's placeholder into as many tokens as the image has features, at training and at
+    inference alike; the tokenizer's template alone renders one. With the template on the tokenizer too, the prompt
+    inference gives is compared with each placeholder's run taken as one token."""
+    source = sft("max_length=None").replace(
+        "processor = vlm.build_processor()",
+        "processor = vlm.build_processor()\n    processor.tokenizer.chat_template = processor.chat_template",
+    )
+    result = run(vlm, source, "collate,targets")
+    check_passes(result, "targets[cpu]")
