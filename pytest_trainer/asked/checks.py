@@ -68,10 +68,11 @@ def check_prompt_as_asked(asked: Asked) -> None:
     row, prompt, same = differ[0]
     start = max(0, same - 8)
     trained = asked.collapsed([int(token) for token in row.ids])
+    counted = " (each run of image placeholders counted once)" if asked.expanded else ""
     raise diagnosis.Finding(
         f"{len(differ)} of {len(compared)} sampled conversations are trained on a prompt that differs from the one "
         f"inference gives the model (apply_chat_template(messages[:-1], add_generation_prompt=True)): they part at "
-        f"token {same}, trained {asked.text(trained[start : same + 8])!r} against asked "
+        f"token {same}{counted}, trained {asked.text(trained[start : same + 8])!r} against asked "
         f"{asked.text(prompt[start : same + 8])!r}",
         "build the training rows with the tokenizer's own chat template (apply_chat_template on the messages, or "
         "TRL's SFTTrainer on the messages column), or save the template you train with as tokenizer.chat_template",
